@@ -1,0 +1,57 @@
+"""The `xfmr` command: one subcommand per job, each living in the module that does the work.
+
+A subcommand's module is imported only when that subcommand runs, so `xfmr matrix` never pays
+for matplotlib and `xfmr bench` never imports the harness's workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). The module defines configure_<name>(parser) and
+# run_<name>(args) -> int, with '-' in the name written as '_'.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "smoke": ("harness.smoke", "oracle vs impl agreement for both norms (a quick health check)"),
+    "bench": ("harness.bench", "oracle vs torch float64 speed, forward and backward"),
+    "matrix": ("harness.matrix", "the kill-rate matrix: shared tests x impl, torch copy, mutants"),
+    "grade": ("harness.grade", "grade one untrusted submission against the shared tests"),
+    "grade-batch": ("harness.grade", "grade every submission in a folder"),
+    "mutation-score": ("harness.mutation_score", "score a student's test suite by mutants killed"),
+    "train": ("demos.train", "train impl on reversed addition (the milestone MS-L5)"),
+    "evaluate": ("demos.train", "exact match of a trained model on held-out sums"),
+    "translate": ("demos.train", "a trained model's answer to one sum"),
+    "ln-demo": ("demos.ln_demo", "post-LN vs pre-LN without warmup, then post-LN with warmup"),
+    "depth-demo": ("demos.depth_demo", "shared-weight post-norm vs pre-norm stacks over depth"),
+}
+
+
+def _usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = ["usage: xfmr COMMAND [options]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {about}" for name, (_, about) in COMMANDS.items()]
+    lines += ["", "xfmr COMMAND --help shows a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        print(f"xfmr: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, about = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    attr = name.replace("-", "_")
+    parser = argparse.ArgumentParser(prog=f"xfmr {name}", description=about)
+    getattr(module, f"configure_{attr}")(parser)
+    args = parser.parse_args(rest)
+    return int(getattr(module, f"run_{attr}")(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
