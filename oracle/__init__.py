@@ -1,0 +1,36 @@
+"""The float64 numpy oracle of the encoder-decoder Transformer (Vaswani et al. 2017).
+
+Read top to bottom: ops.py (the primitives), layers.py (sublayers and layers), model.py (the
+stacks), decoding.py (KV-cached steps, beam search), loss.py (label smoothing, Noam),
+grads.py (the backward pass, chained from the backwards beside each forward), and state_dict.py
+(reading any subject's parameters). numpy only: no torch, no autograd.
+"""
+
+import oracle.marian  # noqa: F401  (registers the Hugging Face Marian naming scheme)
+from oracle.decoding import DecodeState, Hypothesis, beam_search, decode_step, init_state, translate
+from oracle.grads import loss_and_grads
+from oracle.loss import label_smoothed_loss, noam_rate
+from oracle.model import decode, encode, forward
+from oracle.params import ModelSpec, Params
+from oracle.state_dict import SCHEMES, StateDictError, read_state_dict, register_scheme
+
+__all__ = [
+    "SCHEMES",
+    "DecodeState",
+    "Hypothesis",
+    "ModelSpec",
+    "Params",
+    "StateDictError",
+    "beam_search",
+    "decode",
+    "decode_step",
+    "encode",
+    "forward",
+    "init_state",
+    "label_smoothed_loss",
+    "loss_and_grads",
+    "noam_rate",
+    "read_state_dict",
+    "register_scheme",
+    "translate",
+]

@@ -1,0 +1,349 @@
+"""`xfmr train`, `xfmr evaluate`, `xfmr translate`: the milestone MS-L5 on reversed addition.
+
+train fits impl's Transformer with its own `fit` (Noam schedule, label smoothing, Adam) and saves
+the model (save_transformer), `metrics.json` (settings, losses, timing, exact match) and
+`loss.png`. evaluate and translate read that folder back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from demos.args import (
+    add_model_args,
+    device,
+    fraction,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+)
+from demos.progress import Progress
+from tasks import addition
+
+METRICS = "metrics.json"
+EVAL_CHUNK = 1000  # rows per translate() call: bounds memory, one call per chunk is fast
+
+
+def model_dir(text: str) -> Path:
+    """A folder written by `xfmr train`."""
+    path = Path(text)
+    missing = [n for n in ("config.json", METRICS) if not (path / n).is_file()]
+    if missing:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a folder written by `xfmr train` (missing {', '.join(missing)})"
+        )
+    return path
+
+
+def make_model(args: argparse.Namespace, norm: str, seed: int):
+    """impl's Transformer on the addition vocabulary, initialized from `seed`."""
+    from impl.transformer import Transformer, TransformerConfig
+
+    if args.d_model % args.heads:
+        raise SystemExit(
+            f"error: --d-model {args.d_model} is not divisible by --heads {args.heads}"
+        )
+    cfg = TransformerConfig(
+        src_vocab=addition.VOCAB,
+        tgt_vocab=addition.VOCAB,
+        d_model=args.d_model,
+        n_heads=args.heads,
+        d_ff=args.d_ff,
+        n_enc=args.layers,
+        n_dec=args.layers,
+        dropout=args.dropout,
+        norm=norm,
+    )
+    torch.manual_seed(seed)
+    return Transformer(cfg)
+
+
+def machine_load() -> list[float]:
+    """1, 5 and 15 minute load averages (the machine is shared: timings need them)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# --- xfmr train ---------------------------------------------------------------------------
+
+# Tuned to reach exact match >= 0.98 on held-out three-digit sums within 10 minutes on a
+# 2-core CPU (results/milestone.md has the measurements).
+TRAIN_DEFAULTS = {
+    "d_model": 128,
+    "n_heads": 4,
+    "d_ff": 512,
+    "layers": 2,
+    "dropout": 0.1,
+    "steps": 3000,
+    "batch": 128,
+    "warmup": 400,
+    "factor": 1.0,
+}
+
+
+def configure_train(parser: argparse.ArgumentParser) -> None:
+    d = TRAIN_DEFAULTS
+    parser.add_argument("--out", required=True, help="folder for the model, metrics and PNG")
+    parser.add_argument("--digits", type=positive_int, default=3, help="operand digits n")
+    parser.add_argument("--norm", choices=["pre", "post"], default="post", help="LN placement")
+    parser.add_argument("--steps", type=positive_int, default=d["steps"], help="updates")
+    parser.add_argument("--batch", type=positive_int, default=d["batch"], help="batch size")
+    parser.add_argument(
+        "--warmup", type=positive_int, default=d["warmup"], help="Noam warmup updates"
+    )
+    parser.add_argument("--factor", type=positive_float, default=d["factor"], help="Noam factor f")
+    parser.add_argument(
+        "--lr", type=positive_float, default=None, help="constant rate instead of Noam"
+    )
+    parser.add_argument("--smoothing", type=fraction, default=0.1, help="label smoothing eps")
+    parser.add_argument("--seed", type=nonnegative_int, default=0, help="init, split, batches")
+    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda")
+    parser.add_argument(
+        "--n-test", type=positive_int, default=1000, help="held-out sums (never trained on)"
+    )
+    parser.add_argument(
+        "--n-train",
+        type=positive_int,
+        default=None,
+        help="training pairs (default: every pair whose sum is not held out)",
+    )
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    add_model_args(parser, d)
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from impl.transformer import fit, save_transformer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    data = addition.load(args.digits, args.n_test, args.n_train, seed=args.seed)
+    model = make_model(args, args.norm, args.seed).to(args.device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(
+        f"reversed addition, {args.digits} digits: {len(data.train_src)} training pairs, "
+        f"{len(data.test_src)} held-out sums; {args.norm}-LN model, {n_params} parameters, "
+        f"{args.device}, {torch.get_num_threads()} threads, load {machine_load()}",
+        file=sys.stderr,
+    )
+    load_before = machine_load()
+    t_fit = time.perf_counter()
+    losses = fit(
+        model,
+        data.train_src.to(args.device),
+        data.train_tgt.to(args.device),
+        steps=args.steps,
+        batch=args.batch,
+        pad_id=data.pad,
+        warmup=args.warmup,
+        factor=args.factor,
+        smoothing=args.smoothing,
+        lr=args.lr,
+        seed=args.seed,
+        callback=Progress(args.steps, label="train "),
+    )
+    fit_s = time.perf_counter() - t_fit
+    greedy = exact_match(model, data.test_src, data.test_tgt, args.digits, beam=1)
+    model.cpu()
+    save_transformer(model, out)
+    wall_s = time.perf_counter() - t0
+    metrics = {
+        "args": vars(args),
+        "task": {
+            "name": "reversed-addition",
+            "digits": args.digits,
+            "n_test": args.n_test,
+            "n_train": args.n_train,
+            "split_seed": args.seed,
+            "train_pairs": len(data.train_src),
+        },
+        "train": {
+            "norm": args.norm,
+            "steps": args.steps,
+            "batch": args.batch,
+            "warmup": args.warmup,
+            "factor": args.factor,
+            "lr": args.lr,
+            "smoothing": args.smoothing,
+            "seed": args.seed,
+            "device": args.device,
+            "threads": torch.get_num_threads(),
+            "parameters": n_params,
+            "fit_s": round(fit_s, 1),
+            "wall_s": round(wall_s, 1),
+            "load_before": load_before,
+            "load_after": machine_load(),
+            "first_loss": losses[0],
+            "last_loss": sum(losses[-50:]) / len(losses[-50:]),
+        },
+        "exact_match": {"greedy": greedy},
+        "losses": losses,
+    }
+    (out / METRICS).write_text(json.dumps(metrics, indent=1) + "\n")
+    print(
+        f"{args.steps} updates in {fit_s:.1f} s (wall {wall_s:.1f} s, load {machine_load()}); "
+        f"loss {losses[0]:.3f} -> {metrics['train']['last_loss']:.3f}; "
+        f"held-out exact match (greedy) {greedy:.4f}"
+    )
+    try:
+        from demos import plots
+
+        png = plots.loss_curve(
+            losses, out / "loss.png", f"{args.norm}-LN, {args.digits}-digit reversed addition"
+        )
+        print(f"wrote {out}/ (model, {METRICS}, {png.name})")
+    except RuntimeError as err:
+        print(f"wrote {out}/ (model, {METRICS}); no PNG: {err}", file=sys.stderr)
+    return 0
+
+
+# --- xfmr evaluate ------------------------------------------------------------------------
+
+
+def exact_match(model, src, tgt, digits: int, beam: int, length_penalty: float = 1.0) -> float:
+    """Held-out exact match of impl's translate (beam 1 is greedy)."""
+    from impl.transformer import translate
+
+    dev = next(model.parameters()).device
+    predictions = []
+    for i in range(0, len(src), EVAL_CHUNK):
+        predictions += translate(
+            model,
+            src[i : i + EVAL_CHUNK].to(dev),
+            addition.BOS,
+            addition.EOS,
+            addition.PAD,
+            max_len=digits + 2,  # n + 1 answer digits and eos
+            beam_size=beam,
+            length_penalty=length_penalty,
+        )
+    return addition.exact_match(predictions, tgt)
+
+
+def configure_evaluate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", type=model_dir, help="a folder written by `xfmr train`")
+    parser.add_argument("--beam", type=positive_int, default=4, help="beam size compared")
+    parser.add_argument("--length-penalty", type=float, default=1.0, help="beam length penalty")
+    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda")
+
+
+def read_metrics(path: Path) -> dict:
+    return json.loads((path / METRICS).read_text())
+
+
+def run_evaluate(args: argparse.Namespace) -> int:
+    from impl.transformer import load_transformer
+
+    metrics = read_metrics(args.dir)
+    task = metrics["task"]
+    data = addition.load(task["digits"], task["n_test"], task["n_train"], seed=task["split_seed"])
+    model = load_transformer(args.dir).to(args.device)
+    results = {"n": len(data.test_src), "length_penalty": args.length_penalty}
+    for name, beam in (("greedy", 1), (f"beam{args.beam}", args.beam)):
+        t = time.perf_counter()
+        results[name] = exact_match(
+            model, data.test_src, data.test_tgt, task["digits"], beam, args.length_penalty
+        )
+        print(
+            f"{name:>7}: exact match {results[name]:.4f} on {results['n']} held-out "
+            f"{task['digits']}-digit sums ({time.perf_counter() - t:.1f} s)"
+        )
+    metrics.setdefault("exact_match", {}).update(results)
+    (args.dir / METRICS).write_text(json.dumps(metrics, indent=1) + "\n")
+    return 0
+
+
+# --- xfmr translate -----------------------------------------------------------------------
+
+
+def configure_translate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("dir", type=model_dir, help="a folder written by `xfmr train`")
+    parser.add_argument("sum", help="a sum of two n-digit numbers, e.g. 123+456")
+    parser.add_argument("--beam", type=positive_int, default=1, help="beam size (1: greedy)")
+    parser.add_argument("--length-penalty", type=float, default=1.0, help="beam length penalty")
+    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda")
+
+
+@torch.no_grad()
+def beam_hypotheses(
+    model, src: torch.Tensor, beam: int, max_len: int, length_penalty: float
+) -> list[tuple[list[int], float]]:
+    """Every finished hypothesis of CONTRACT.md's pinned beam search on one source row, best first.
+
+    translate() returns only the winner; this walks the same search through encode/decode_step to
+    show the scores of the ones it beat.
+    """
+    was_training = model.training
+    model.eval()
+    src = src.reshape(1, -1)
+    mask = src != addition.PAD
+    memory = model.encode(src, mask)
+    live = [((), 0.0, model.init_state(mask))]
+    finished: list[tuple[list[int], float]] = []
+    for _ in range(max_len):
+        candidates = []
+        for tokens, logp, state in live:
+            prev = tokens[-1] if tokens else addition.BOS
+            logits, new_state = model.decode_step(
+                torch.tensor([prev], device=src.device), memory, state
+            )
+            top = torch.log_softmax(logits[0], -1).topk(beam)
+            for lp, tok in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+                candidates.append(((*tokens, tok), logp + lp, new_state))
+        candidates.sort(key=lambda c: -c[1])  # stable: live order, then token rank
+        live = []
+        for tokens, logp, state in candidates:
+            if tokens[-1] == addition.EOS:
+                finished.append((list(tokens[:-1]), logp / len(tokens) ** length_penalty))
+            else:
+                live.append((tokens, logp, state))
+            if len(live) == beam:
+                break
+        if len(finished) >= beam or not live:
+            break
+    if not finished:
+        finished = [(list(t), lp / len(t) ** length_penalty) for t, lp, _ in live]
+    model.train(was_training)
+    return sorted(finished, key=lambda f: -f[1])
+
+
+def run_translate(args: argparse.Namespace) -> int:
+    from impl.transformer import load_transformer, translate
+
+    digits = read_metrics(args.dir)["task"]["digits"]
+    try:
+        a, b = addition.parse_sum(args.sum, digits)
+    except ValueError as err:
+        print(f"xfmr translate: error: {err}", file=sys.stderr)
+        return 2
+    model = load_transformer(args.dir).to(args.device)
+    src = addition.encode_sources([[a, b]], digits).to(args.device)
+    [tokens] = translate(
+        model,
+        src,
+        addition.BOS,
+        addition.EOS,
+        addition.PAD,
+        max_len=digits + 2,
+        beam_size=args.beam,
+        length_penalty=args.length_penalty,
+    )
+    answer = addition.decode_answer(tokens)
+    verdict = "correct" if answer == str(a + b) else f"wrong: {a}+{b} = {a + b}"
+    print(f"{a}+{b} = {answer}  ({verdict})")
+    if args.beam > 1:
+        print(f"beam {args.beam}, length penalty {args.length_penalty}: finished hypotheses")
+        for hyp, score in beam_hypotheses(
+            model, src[0], args.beam, digits + 2, args.length_penalty
+        ):
+            mark = "  <- translate's answer" if hyp == tokens else ""
+            print(f"  {score:10.4f}  {addition.decode_answer(hyp)}{mark}")
+    return 0

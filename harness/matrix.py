@@ -1,0 +1,111 @@
+"""`xfmr matrix`: every shared test on impl, the torch copy, the sanity mutant and s01-s11.
+
+Prints the kill-rate matrix and its findings, writes it in the formats asked for, and with
+--check compares it with the committed expectation (harness/data/expected_matrix.json).
+Exit status: 0 when the matrix is healthy (no false alarm, every seed-named killer kills, the
+sanity mutant dies everywhere) and, with --check, equal to the expectation; 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from harness import reports
+from harness.analysis import summarize
+from harness.engine import SuiteRun, print_progress, run_suite
+from harness.shared_tests import DATA, SHARED_TESTS
+from harness.subjects import Kind, Subject
+from mutants import catalog
+
+EXPECTED = DATA / "expected_matrix.json"
+
+
+def matrix_subjects() -> list[Subject]:
+    """impl, the torch copy, the sanity mutant and s01-s11, in that order."""
+    return [
+        Subject("impl", Kind.CORRECT, module="impl.transformer"),
+        Subject("torch_copy", Kind.CORRECT, module="impl.torch_copy"),
+        Subject("sanity", Kind.SANITY, module="impl.transformer", mutant="sanity"),
+        *(Subject(m, Kind.MUTANT, module="impl.transformer", mutant=m) for m in catalog.PITFALLS),
+    ]
+
+
+def outcomes(run: SuiteRun) -> dict[str, dict[str, str]]:
+    """subject -> test -> outcome value: what the expectation file holds."""
+    return {
+        s.name: {t.name: run.cell(t.name, s.name).outcome.value for t in run.tests}
+        for s in run.subjects
+    }
+
+
+def changed_cells(expected: dict[str, Any], run: SuiteRun) -> list[str]:
+    """Every cell that differs from the expectation, plus tests and subjects that came or went."""
+    got, want = outcomes(run), expected["outcomes"]
+    changes = []
+    for subject in sorted(set(got) | set(want)):
+        if subject not in want or subject not in got:
+            changes.append(f"subject {subject}: {'new' if subject in got else 'gone'}")
+            continue
+        for test in sorted(set(got[subject]) | set(want[subject])):
+            was, now = want[subject].get(test, "absent"), got[subject].get(test, "absent")
+            if was != now:
+                message = run.cells.get((test, subject))
+                why = f": {message.message.splitlines()[0]}" if message and message.message else ""
+                changes.append(f"{test} on {subject}: expected {was}, got {now}{why}")
+    return changes
+
+
+def configure_matrix(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--jobs", type=int, default=None, help="subjects at once (default: CPUs)")
+    parser.add_argument("--csv", metavar="FILE", help="one row per cell")
+    parser.add_argument("--json", metavar="FILE", help="cells, findings and timings")
+    parser.add_argument("--markdown", metavar="FILE", help="a Markdown table")
+    parser.add_argument("--html", metavar="FILE", help="a colored grid")
+    parser.add_argument("--stryker", metavar="FILE", help="mutation-testing-report-schema JSON")
+    parser.add_argument("--check", action="store_true", help=f"compare with {EXPECTED.name}")
+    parser.add_argument("--update-expected", action="store_true", help=f"rewrite {EXPECTED.name}")
+    parser.add_argument("--quiet", action="store_true", help="no per-cell progress on stderr")
+    parser.add_argument("--only", metavar="NAMES", help="comma-separated subjects (a partial run)")
+    parser.add_argument("--tests", metavar="NAMES", help="comma-separated tests (a partial run)")
+
+
+def run_matrix(args: argparse.Namespace) -> int:
+    subjects, tests = matrix_subjects(), list(SHARED_TESTS)
+    if args.only:
+        subjects = [s for s in subjects if s.name in args.only.split(",")]
+    if args.tests:
+        tests = [t for t in tests if t.name in args.tests.split(",")]
+    partial = len(subjects) < len(matrix_subjects()) or len(tests) < len(SHARED_TESTS)
+    if partial and (args.check or args.update_expected):
+        print("xfmr matrix: --check and --update-expected need the whole matrix", file=sys.stderr)
+        return 2
+    progress = None if args.quiet else print_progress
+    run = run_suite(tests, subjects, jobs=args.jobs, progress=progress)
+    summary = summarize(run)
+    print(reports.text(run, summary))
+    print()
+    print(reports.timing(run))
+    for path, content in (
+        (args.csv, lambda: reports.frame(run).to_csv(index=False)),
+        (args.json, lambda: reports.to_json(run, summary)),
+        (args.markdown, lambda: reports.markdown(run, summary)),
+        (args.html, lambda: reports.html_page(run, summary)),
+        (args.stryker, lambda: reports.stryker(run, summary)),
+    ):
+        if path:
+            reports.write(path, content())
+    status = 0 if summary.healthy else 1
+    if args.update_expected:
+        data = {"tests": [t.name for t in tests], "outcomes": outcomes(run)}
+        EXPECTED.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"wrote {EXPECTED}")
+    elif args.check:
+        changes = changed_cells(json.loads(EXPECTED.read_text()), run)
+        for change in changes:
+            print(f"CHANGED: {change}")
+        print(f"check against {EXPECTED.name}: {len(changes)} changed cells")
+        status = status or int(bool(changes))
+    return status

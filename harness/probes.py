@@ -1,0 +1,361 @@
+"""Probes: trusted harness code that runs in a subject's worker and calls its contract API.
+
+A probe takes the subject's module and inputs the parent chose (JSON values and numpy arrays),
+and returns plain data (numpy arrays, lists, scalars): what the parent's verdicts judge. Probes
+never judge. Models are built from the subject's own TransformerConfig and Transformer, seeded
+with torch.manual_seed, and run in float64 where the subject allows it (see `build`).
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+
+PROBES: dict[str, Callable[..., Any]] = {}
+
+
+def probe(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register a probe under its function's name."""
+    PROBES[fn.__name__] = fn
+    return fn
+
+
+def _np(t: torch.Tensor) -> np.ndarray:
+    """A tensor as a float64 (or integer/bool) numpy array the wire can carry."""
+    t = t.detach().cpu()
+    if t.is_floating_point():
+        t = t.to(torch.float64)
+    return t.numpy().copy()
+
+
+def _t(a: Any) -> torch.Tensor:
+    return torch.from_numpy(np.array(a))
+
+
+def _state_dict(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {name: _np(t) for name, t in model.state_dict().items()}
+
+
+def _smoke_inputs(cfg: dict[str, Any]) -> tuple[torch.Tensor, ...]:
+    src = torch.ones(1, 2, dtype=torch.long) % cfg["src_vocab"]
+    tgt = torch.ones(1, 2, dtype=torch.long) % cfg["tgt_vocab"]
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    return src, tgt, mask, mask
+
+
+def build(
+    module: ModuleType, cfg: dict[str, Any], seed: int, only: str | None = None
+) -> tuple[torch.nn.Module, str]:
+    """The subject's model for `cfg`, initialized under `seed`, in eval mode, and its dtype.
+
+    float64 where the subject runs in it (a tiny forward pass tells); otherwise the same model
+    rebuilt in float32, whose tolerances the parent calibrated on the float32 torch copy.
+    `only` ("float32" or "float64") skips the choice.
+    """
+    dtypes = (torch.float64, torch.float32) if only is None else (getattr(torch, only),)
+    for dtype in dtypes:
+        torch.manual_seed(seed)
+        model = module.Transformer(module.TransformerConfig(**cfg)).to(dtype).eval()
+        try:
+            with torch.no_grad():
+                model(*_smoke_inputs(cfg))
+        except Exception:
+            if dtype == dtypes[-1]:
+                raise
+            continue
+        return model, str(dtype).removeprefix("torch.")
+    raise AssertionError("unreachable")
+
+
+@probe
+def loss_example(module, logits, targets, eps, pad_id) -> dict[str, Any]:
+    """The subject's label_smoothed_loss and its gradient with respect to the logits."""
+    z = _t(logits).requires_grad_(True)
+    loss = module.label_smoothed_loss(z, _t(targets), eps, pad_id)
+    loss.backward()
+    return {"loss": float(loss.detach()), "grad": _np(z.grad) if z.grad is not None else None}
+
+
+@probe
+def noam_rates(module, cases) -> list[float]:
+    """noam_rate(step, d_model, warmup, factor) for each case."""
+    return [float(module.noam_rate(s, d, w, f)) for s, d, w, f in cases]
+
+
+@probe
+def golden(module, cfg, seed, src, tgt_in, tgt_out, src_mask, tgt_mask, eps, pad_id, dtype=None):
+    """Logits, the smoothed loss and every gradient (by named_parameters name), in eval mode."""
+    model, dtype = build(module, cfg, seed, only=dtype)
+    logits = model(_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
+    loss = module.label_smoothed_loss(logits, _t(tgt_out), eps, pad_id)
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    params = dict(model.named_parameters())
+    return {
+        "dtype": dtype,
+        "state_dict": _state_dict(model),
+        "logits": _np(logits),
+        "loss": float(loss.detach()),
+        # a parameter the loss does not reach has gradient 0 (None in torch)
+        "grads": {
+            n: _np(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))
+            for n, p in params.items()
+        },
+        "no_grad": [n for n, p in params.items() if p.grad is None],
+    }
+
+
+@probe
+def forward_logits(module, cfg, seed, batches) -> dict[str, Any]:
+    """forward(src, tgt_in, src_mask, tgt_mask) of one model on each batch, in eval mode."""
+    model, dtype = build(module, cfg, seed)
+    with torch.no_grad():
+        logits = [
+            _np(model(_t(b["src"]), _t(b["tgt_in"]), _t(b["src_mask"]), _t(b["tgt_mask"])))
+            for b in batches
+        ]
+    return {"dtype": dtype, "logits": logits}
+
+
+@probe
+def decode_steps(module, cfg, seed, src, src_mask, tgt_in) -> dict[str, Any]:
+    """decode on the whole target, and decode_step position by position from init_state.
+
+    Also steps twice from the same states (the first and a middle one): decode_step must not
+    mutate the state it is given.
+    """
+    model, dtype = build(module, cfg, seed)
+    src, src_mask, tgt_in = _t(src), _t(src_mask), _t(tgt_in)
+    T = tgt_in.shape[1]
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt_in, memory, src_mask, torch.ones_like(tgt_in, dtype=torch.bool))
+        state = model.init_state(src_mask)
+        states, steps = [], []
+        for t in range(T):
+            states.append(state)
+            logits, state = model.decode_step(tgt_in[:, t], memory, state)
+            steps.append(_np(logits))
+        again = {}
+        for t in sorted({0, T // 2}):
+            for _ in range(2):  # step from states[t] twice more: it must still be position t
+                logits, _ = model.decode_step(tgt_in[:, t], memory, states[t])
+            again[str(t)] = _np(logits)
+    return {"dtype": dtype, "full": _np(full), "steps": np.stack(steps, axis=1), "again": again}
+
+
+@probe
+def state_dict(module, cfg, seed) -> dict[str, Any]:
+    """The freshly initialized model's state_dict."""
+    model, dtype = build(module, cfg, seed)
+    return {"dtype": dtype, "state_dict": _state_dict(model)}
+
+
+@probe
+def state_dict_shapes(module, cfgs) -> list[dict[str, list[int]]]:
+    """For each config, the state_dict's names and shapes (in the subject's order)."""
+    out = []
+    for cfg in cfgs:
+        model = module.Transformer(module.TransformerConfig(**cfg))
+        out.append({name: list(t.shape) for name, t in model.state_dict().items()})
+    return out
+
+
+@probe
+def embedding_stream(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+    """A pre-LN model whose every sublayer output is zeroed: encode gives LN(x0) and forward
+    gives LN(y0) W_out^T, so the parent can check x0 = E[ids] sqrt(d) + PE through the contract.
+
+    Zeroing goes through load_state_dict in the contract's names: out_proj and linear2 of every
+    layer (their weight and bias), so each residual adds exactly 0.
+    """
+    model, dtype = build(module, cfg, seed)
+    sd = {name: t.clone() for name, t in model.state_dict().items()}
+    for name, t in sd.items():
+        if ".out_proj." in name or ".linear2." in name:
+            t.zero_()
+    model.load_state_dict(sd)
+    src, tgt_in, src_mask, tgt_mask = _t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask)
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        logits = model(src, tgt_in, src_mask, tgt_mask)
+    return {
+        "dtype": dtype,
+        "state_dict": _state_dict(model),
+        "memory": _np(memory),
+        "logits": _np(logits),
+    }
+
+
+@probe
+def optimizer(module, cfg, seed) -> dict[str, Any]:
+    """make_optimizer's class, its param groups' settings and which parameters it holds."""
+    model, _ = build(module, cfg, seed)
+    opt = module.make_optimizer(model)
+    held = [id(p) for group in opt.param_groups for p in group["params"]]
+    own = [id(p) for p in model.parameters()]
+    groups = [
+        {
+            "betas": [float(b) for b in group.get("betas", ())],
+            "eps": float(group.get("eps", float("nan"))),
+            "weight_decay": float(group.get("weight_decay", float("nan"))),
+            "amsgrad": bool(group.get("amsgrad", False)),
+        }
+        for group in opt.param_groups
+    ]
+    return {
+        "bases": [f"{c.__module__}.{c.__qualname__}" for c in type(opt).__mro__],
+        "groups": groups,
+        "n_held": len(held),
+        "n_distinct_held": len(set(held)),
+        "n_model": len(own),
+        "all_held": set(own) <= set(held),
+        "foreign": len(set(held) - set(own)),
+    }
+
+
+def _fit(module, model, data, seed, **kw) -> dict[str, Any]:
+    calls: list[list[float]] = []
+    losses = module.fit(
+        model,
+        _t(data["src"]),
+        _t(data["tgt"]),
+        pad_id=data["pad_id"],
+        seed=seed,
+        callback=lambda step, rate, loss: calls.append([float(step), float(rate), float(loss)]),
+        **kw,
+    )
+    return {"losses": [float(x) for x in losses], "calls": calls, "training": model.training}
+
+
+@probe
+def fit_runs(module, cfg, seed, data, steps, batch, warmup, factor, lr, fit_seed):
+    """fit on one initial model: twice with the Noam schedule and the same seed, once with a
+    constant rate, once from eval mode, and one update whose parameter change shows its rate."""
+    model, dtype = build(module, cfg, seed)
+    init = {name: t.clone() for name, t in model.state_dict().items()}
+    kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor}
+    runs = {}
+    for name, mode, extra in (
+        ("noam", True, {}),
+        ("noam_again", True, {}),
+        ("constant", True, {"lr": lr}),
+        ("from_eval", False, {}),
+    ):
+        model.load_state_dict(init)
+        model.train(mode)
+        runs[name] = _fit(module, model, data, fit_seed, **kw, **extra)
+    model.load_state_dict(init)
+    model.train()
+    one = _fit(module, model, data, fit_seed, **{**kw, "steps": 1})
+    after = model.state_dict()
+    delta = max(float((after[n] - init[n]).abs().max()) for n in init)
+    return {"dtype": dtype, "runs": runs, "one_step": one, "max_first_update": delta}
+
+
+def load_weights(model: torch.nn.Module, weights: dict[str, np.ndarray]) -> None:
+    """load_state_dict of parent-chosen arrays (the contract's names), in the model's dtype."""
+    dtype = next(model.parameters()).dtype
+    model.load_state_dict({k: torch.from_numpy(v).to(dtype) for k, v in weights.items()})
+
+
+@probe
+def translations(module, cfg, weights, src, bos, eos, pad_id, max_len, settings, train_mode):
+    """translate under each (beam_size, length_penalty) with the parent's weights loaded, the
+    training mode it leaves, and a save_transformer / load_transformer round trip."""
+    model, dtype = build(module, cfg, 0)
+    load_weights(model, weights)
+    model.train(train_mode)
+    src = _t(src)
+    outputs, modes = [], []
+    for beam, penalty in settings:
+        out = module.translate(model, src, bos, eos, pad_id, max_len, beam, penalty)
+        outputs.append([[int(tok) for tok in row] for row in out])
+        modes.append(model.training)
+    model.eval()
+    mask = src != pad_id
+    tgt = torch.full((src.shape[0], 1), bos)
+    ones = torch.ones_like(tgt, dtype=torch.bool)
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        before = model(src, tgt, mask, ones)
+        module.save_transformer(model, tmp)
+        files = sorted(p.name for p in Path(tmp).iterdir())
+        header: list[str] = []
+        if "model.safetensors" in files:
+            raw = (Path(tmp) / "model.safetensors").read_bytes()
+            n = int.from_bytes(raw[:8], "little")
+            header = sorted(k for k in json.loads(raw[8 : 8 + n]) if k != "__metadata__")
+        loaded = module.load_transformer(tmp).eval()
+        after = loaded(src, tgt, mask, ones)
+    return {
+        "dtype": dtype,
+        "outputs": outputs,
+        "training_after": modes,
+        "files": files,
+        "safetensors_keys": header,
+        "state_dict_keys": sorted(model.state_dict()),
+        "logits_before": _np(before),
+        "logits_after_load": _np(after),
+    }
+
+
+def _raised(fn: Callable[[], Any]) -> dict[str, Any] | None:
+    try:
+        fn()
+    except Exception as e:
+        return {"type": type(e).__name__, "bases": [c.__name__ for c in type(e).__mro__]}
+    return None
+
+
+@probe
+def bad_inputs(module, cfg, seed) -> dict[str, Any]:
+    """Each bad input of CONTRACT.md's table, and what the subject raised (None: nothing)."""
+    model, _ = build(module, cfg, seed)
+    T = torch.tensor
+    src, tgt = T([[3, 4, 5]]), T([[1, 6, 7]])
+    ok = torch.ones(1, 3, dtype=torch.bool)
+    long_src = torch.ones(1, cfg["max_len"] + 1, dtype=torch.long)
+    return {
+        "norm is not 'post' or 'pre'": _raised(
+            lambda: module.Transformer(module.TransformerConfig(**{**cfg, "norm": "side"}))
+        ),
+        "src_mask not bool": _raised(lambda: model(src, tgt, ok.long(), ok)),
+        "tgt_mask not bool": _raised(lambda: model(src, tgt, ok, ok.float())),
+        "encode mask not bool": _raised(lambda: model.encode(src, ok.int())),
+        "src_mask shape differs from src": _raised(lambda: model(src, tgt, ok[:, :2], ok)),
+        "tgt_mask shape differs from tgt_in": _raised(lambda: model(src, tgt, ok, ok[:, :2])),
+        "batch sizes differ": _raised(lambda: model(src.repeat(2, 1), tgt, ok.repeat(2, 1), ok)),
+        "source longer than max_len": _raised(
+            lambda: model.encode(long_src, torch.ones_like(long_src, dtype=torch.bool))
+        ),
+        "source row with no real token": _raised(lambda: model(src, tgt, torch.zeros_like(ok), ok)),
+        "target row with padding at bos": _raised(
+            lambda: model(src, tgt, ok, T([[False, True, True]]))
+        ),
+    }
+
+
+@probe
+def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr, eval_src, eval_prefixes):
+    """fit for `steps` updates, then the trained model's logits on each held-out target prefix
+    (eval mode): the parent reads each prefix's last position."""
+    torch.manual_seed(seed)
+    # the model's own dtype (float32 as users train it): a learning bar, not a rounding check
+    model = module.Transformer(module.TransformerConfig(**cfg))
+    kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
+    run = _fit(module, model, data, seed, **kw)
+    model.eval()
+    src = _t(eval_src)
+    with torch.no_grad():
+        logits = [
+            _np(model(src, _t(p), src != data["pad_id"], _t(p) != data["pad_id"]))
+            for p in eval_prefixes
+        ]
+    return {"losses": run["losses"], "logits": logits}

@@ -1,0 +1,265 @@
+"""An outcome matrix written out: text grid, CSV, JSON, Markdown, HTML and Stryker's schema.
+
+Every writer reads the same SuiteRun and Summary, so the formats always agree.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.analysis import Summary
+from harness.engine import SuiteRun
+from harness.outcomes import STRYKER_STATUS, Outcome
+from harness.subjects import Kind, module_source
+from mutants import catalog
+
+LEGEND = "  ".join(f"{o.symbol} {o.value}" for o in Outcome)
+
+
+def frame(run: SuiteRun) -> pd.DataFrame:
+    """One row per cell: test, subject, kind, outcome, seconds, message."""
+    kinds = {s.name: s.kind.value for s in run.subjects}
+    rows = [
+        {
+            "test": t.name,
+            "subject": s.name,
+            "kind": kinds[s.name],
+            "outcome": run.cell(t.name, s.name).outcome.value,
+            "seconds": round(run.cell(t.name, s.name).seconds, 3),
+            "message": run.cell(t.name, s.name).message,
+        }
+        for t in run.tests
+        for s in run.subjects
+    ]
+    return pd.DataFrame(rows)
+
+
+def text(run: SuiteRun, summary: Summary) -> str:
+    """The grid (subjects down, tests across by number) and the findings, within 100 columns."""
+    width = max(len(s.name) for s in run.subjects)
+    numbers = " ".join(f"{i + 1:>2}" for i in range(len(run.tests)))
+    lines = [
+        f"Kill-rate matrix: {len(run.tests)} shared tests x {len(run.subjects)} subjects",
+        f"({LEGEND})",
+        "",
+        f"{'subject':<{width}}  {'kind':<8} {numbers}  killed by (* = the seed's)",
+    ]
+    index = {t.name: i + 1 for i, t in enumerate(run.tests)}
+    for s in run.subjects:
+        cells = " ".join(f"{run.cell(t.name, s.name).outcome.symbol:>2}" for t in run.tests)
+        note = ""
+        if s.name in summary.kill_sets:
+            expected = catalog.get(s.mutant).killers if s.mutant else ()
+            killers = [
+                f"{index[t]}{'*' if t in expected else ''}"
+                for t in sorted(summary.kill_sets[s.name], key=index.get)
+            ]
+            note = ",".join(killers) if s.kind is Kind.MUTANT else f"{len(killers)} tests"
+        lines.append(f"{s.name:<{width}}  {s.kind.value:<8} {cells}  {note}")
+    lines += ["", "tests (pitfall mutants each detects):"]
+    for t in run.tests:
+        lines.append(f"  {index[t.name]:>2} {t.name:<54} {summary.kills_per_test[t.name]:>2}")
+    pitfalls = [s.name for s in run.subjects if s.kind is Kind.MUTANT]
+    detected = [m for m in pitfalls if summary.status[m].detected]
+    lines += [
+        "",
+        f"mutation score: {len(detected)}/{len(pitfalls)} = {summary.score:.2f} "
+        "(a mutant counts when some test kills it or times out; errors do not)",
+        "redundant (same kill set): "
+        + ("; ".join(" = ".join(g) for g in summary.redundant) or "none"),
+        "subsumed (a < b: every test that kills a kills b): "
+        + (", ".join(f"{a} < {b}" for a, b in summary.subsumed) or "none"),
+    ]
+    for m in pitfalls:
+        if not summary.status[m].detected:
+            lines.append(f"SURVIVED: {m} is killed by no test")
+    for mutant, test in summary.missed_expected:
+        lines.append(f"MISSED: the seed says {test} kills {mutant}; it does not")
+    for subject, test in summary.sanity_survivors:
+        lines.append(f"SANITY: {test} does not fail on {subject}: it cannot fail at all")
+    for test, subject, outcome, message in summary.false_alarms:
+        lines.append(f"FALSE ALARM: {test} on correct subject {subject}: {outcome.value}")
+        lines += [f"    {line}" for line in message.splitlines()[:6]]
+    return "\n".join(lines)
+
+
+def timing(run: SuiteRun) -> str:
+    """Wall time, and each subject's time and worker starts."""
+    lines = [f"wall {run.wall_seconds:.1f} s; per subject (s, worker starts):"]
+    parts = [
+        f"{s.name} {run.subject_seconds[s.name]:.1f} ({run.worker_starts[s.name]})"
+        for s in run.subjects
+    ]
+    for i in range(0, len(parts), 5):
+        lines.append("  " + ", ".join(parts[i : i + 5]))
+    return "\n".join(lines)
+
+
+def to_json(run: SuiteRun, summary: Summary) -> dict[str, Any]:
+    return {
+        "legend": {o.value: o.symbol for o in Outcome},
+        "tests": [{"name": t.name, "law": t.law, "timeout_s": t.timeout} for t in run.tests],
+        "subjects": [s.to_json() for s in run.subjects],
+        "cells": frame(run).to_dict(orient="records"),
+        "mutants": {
+            m: {
+                "status": summary.status[m].value,
+                "killed_by": sorted(summary.kill_sets[m]),
+                "expected_killers": list(catalog.get(m).killers) if m in _MUTANT_IDS else [],
+            }
+            for m in summary.kill_sets
+        },
+        "mutation_score": summary.score,
+        "kills_per_test": summary.kills_per_test,
+        "redundant": summary.redundant,
+        "subsumed": summary.subsumed,
+        "false_alarms": [
+            {"test": t, "subject": s, "outcome": o.value, "message": m}
+            for t, s, o, m in summary.false_alarms
+        ],
+        "missed_expected": summary.missed_expected,
+        "sanity_survivors": summary.sanity_survivors,
+        "timing": {
+            "wall_s": round(run.wall_seconds, 2),
+            "per_subject_s": {k: round(v, 2) for k, v in run.subject_seconds.items()},
+            "worker_starts": run.worker_starts,
+            "cpu_count": os.cpu_count(),
+        },
+    }
+
+
+_MUTANT_IDS = {m.id for m in catalog.MUTANTS}
+
+
+def markdown(run: SuiteRun, summary: Summary) -> str:
+    """A Markdown table: tests down, subjects across."""
+    names = [s.name for s in run.subjects]
+    lines = [
+        "| test | " + " | ".join(names) + " | kills |",
+        "| --- | " + " | ".join(":---:" for _ in names) + " | ---: |",
+    ]
+    for t in run.tests:
+        cells = [run.cell(t.name, n).outcome.value for n in names]
+        kills = summary.kills_per_test[t.name]
+        lines.append(f"| {t.name} | " + " | ".join(cells) + f" | {kills} |")
+    lines += ["", f"Mutation score: {summary.score:.2f}.", ""]
+    return "\n".join(lines)
+
+
+_COLORS = {
+    Outcome.PASSED: "#d9f2d9",
+    Outcome.KILLED: "#f4b6b6",
+    Outcome.ERROR: "#f7d08a",
+    Outcome.TIMEOUT: "#c9b6f4",
+    Outcome.NOT_APPLICABLE: "#e6e6e6",
+}
+
+
+def html_page(run: SuiteRun, summary: Summary) -> str:
+    """A colored grid (tests down, subjects across); each cell's message shows on hover."""
+    esc = html.escape
+    head = "".join(f"<th>{esc(s.name)}<br><small>{s.kind.value}</small></th>" for s in run.subjects)
+    rows = []
+    for t in run.tests:
+        cells = []
+        for s in run.subjects:
+            c = run.cell(t.name, s.name)
+            alarm = s.is_correct and c.outcome.false_alarm
+            style = f"background:{_COLORS[c.outcome]}" + (";outline:3px solid red" if alarm else "")
+            tip = esc(c.message or c.outcome.value, quote=True)
+            cells.append(f'<td style="{style}" title="{tip}">{esc(c.outcome.value)}</td>')
+        law = esc(t.law, quote=True)
+        rows.append(
+            f'<tr><th title="{law}">{esc(t.name)}</th>{"".join(cells)}'
+            f"<td>{summary.kills_per_test[t.name]}</td></tr>"
+        )
+    legend = " ".join(
+        f'<span style="background:{_COLORS[o]};padding:2px 6px">{o.value}</span>' for o in Outcome
+    )
+    alarms = "".join(
+        f"<li>FALSE ALARM: {esc(t)} on {esc(s)}: {esc(o.value)}</li>"
+        for t, s, o, _ in summary.false_alarms
+    )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>xfmr kill-rate matrix</title>
+<style>
+body {{ font-family: sans-serif; }}
+table {{ border-collapse: collapse; }}
+td, th {{ border: 1px solid #999; padding: 3px 6px; font-size: 13px; text-align: center; }}
+th:first-child {{ text-align: left; }}
+</style></head><body>
+<h1>Kill-rate matrix</h1>
+<p>{legend}</p>
+<p>Mutation score {summary.score:.2f}; wall time {run.wall_seconds:.1f} s.
+Hover a cell for its message, a test for its law.</p>
+<ul style="color:red">{alarms}</ul>
+<table><tr><th>test</th>{head}<th>kills</th></tr>
+{"".join(rows)}
+</table></body></html>
+"""
+
+
+def stryker(run: SuiteRun, summary: Summary) -> dict[str, Any]:
+    """The mutation-testing-report-schema (version 2) JSON that Stryker's viewers render: impl's
+    source, each mutant with its location, replacement, status, killedBy and coveredBy."""
+    path, source = module_source("impl.transformer")
+    rel = "impl/transformer.py"
+    tests = [t.name for t in run.tests]
+    mutants = []
+    for s in run.subjects:
+        if s.mutant is None:
+            continue
+        m = catalog.get(s.mutant)
+        (start, end), *_ = m.locations(source)
+        applicable = [t for t in tests if run.cell(t, s.name).outcome is not Outcome.NOT_APPLICABLE]
+        first_reason = next(
+            (run.cell(t, s.name).message for t in tests if run.cell(t, s.name).message), ""
+        )
+        mutants.append(
+            {
+                "id": m.id,
+                "mutatorName": m.mutator,
+                "description": m.pitfall,
+                "location": {
+                    "start": {"line": start[0], "column": start[1]},
+                    "end": {"line": end[0], "column": end[1]},
+                },
+                "replacement": m.patches[0].new if m.patches else m.append.strip(),
+                "status": STRYKER_STATUS[summary.status[s.name]],
+                "statusReason": first_reason[:2000],
+                "killedBy": sorted(summary.kill_sets[s.name]),
+                "coveredBy": applicable,
+                "testsCompleted": len(applicable),
+            }
+        )
+    return {
+        "schemaVersion": "2",
+        "thresholds": {"high": 80, "low": 60},
+        "projectRoot": str(Path(path).parents[1]),
+        "files": {rel: {"language": "python", "source": source, "mutants": mutants}},
+        "testFiles": {
+            "harness/shared_tests.py": {
+                "tests": [{"id": t.name, "name": f"{t.name}: {t.law}"} for t in run.tests]
+            }
+        },
+        "framework": {"name": "xfmr-oracle harness"},
+        "system": {
+            "ci": bool(os.environ.get("CI")),
+            "os": {"platform": platform.system().lower()},
+            "cpu": {"logicalCores": os.cpu_count() or 1},
+        },
+    }
+
+
+def write(path: str, content: str | dict[str, Any]) -> None:
+    """Write text, or JSON for a dict."""
+    if isinstance(content, dict):
+        content = json.dumps(content, indent=2) + "\n"
+    Path(path).write_text(content)

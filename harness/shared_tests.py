@@ -1,0 +1,852 @@
+"""The shared property tests (the seed's section 4, plus beam search): one record each.
+
+Every test is a check that runs in the trusted parent: it chooses inputs, asks the subject's
+worker to run probes (harness.probes) on them, and judges the plain data that comes back against
+the oracle or against the law itself. A failure says what differed, by how much, and where.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import oracle
+from harness.suite import Call, Failure, Test
+from oracle.ops import layer_norm, positional_encoding
+from oracle.state_dict import contract_keys, expected_shape
+
+PAD, BOS, EOS = 0, 1, 2  # the synthetic vocabularies' special ids; real tokens are 3..V-1
+DATA = Path(__file__).parent / "data"
+
+# --- tolerances -------------------------------------------------------------------------------
+
+# float64 subject vs float64 oracle: both round at ~1e-16 per operation and a tiny model chains a
+# few hundred of them, so honest differences stay near 1e-14 of the values' scale; 1e-10 keeps
+# four orders of margin while any real fault moves logits and gradients by 1e-3 or more.
+TOL_FLOAT64 = 1e-10
+# The same computation in a different summation order (decode_step's cache vs decode's whole
+# matrices, a padded source of another length): rounding only, a few ulps of O(1) values.
+TOL_REORDER64 = 1e-12
+
+
+def _float32_tolerances() -> dict[str, float]:
+    """float32 subjects: max errors of the float32 torch copy vs the oracle on the golden inputs,
+    times a safety factor (harness/data/float32_tolerance.json says how it was measured)."""
+    path = DATA / "float32_tolerance.json"
+    return json.loads(path.read_text())["tolerance"] if path.exists() else {}
+
+
+TOL_FLOAT32 = _float32_tolerances()
+
+
+def tolerance(dtype: str, what: str) -> float:
+    """The relative tolerance for `what` (logits, loss, grads, reorder) of a subject in dtype."""
+    if dtype == "float64":
+        return TOL_REORDER64 if what == "reorder" else TOL_FLOAT64
+    if dtype == "float32" and what in TOL_FLOAT32:
+        return TOL_FLOAT32[what]
+    raise Failure(f"the subject ran in {dtype}, for which no {what} tolerance is calibrated")
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+
+def config(**kw: Any) -> dict[str, Any]:
+    """A tiny contract config (every field given, so any subject's dataclass accepts it)."""
+    base = dict(
+        src_vocab=13,
+        tgt_vocab=13,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_enc=2,
+        n_dec=2,
+        dropout=0.1,
+        norm="post",
+        tie_embeddings=True,
+        max_len=32,
+        ln_eps=1e-5,
+    )
+    return {**base, **kw}
+
+
+# Both norms and every tying: post with one shared table, pre with a shared target/output table
+# (vocabularies differ), post untied.
+GOLDEN = {
+    "post-LN, one shared table": config(),
+    "pre-LN, target table is the output layer": config(norm="pre", src_vocab=11),
+    "post-LN, untied": config(tie_embeddings=False, tgt_vocab=11),
+}
+POST, PRE = GOLDEN["post-LN, one shared table"], config(norm="pre")
+
+
+def tokens(rng: np.random.Generator, vocab: int, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.integers(3, vocab, size=shape, dtype=np.int64)
+
+
+def batch(
+    rng: np.random.Generator, cfg: dict, src_lens: list[int], tgt_lens: list[int]
+) -> dict[str, np.ndarray]:
+    """src padded to the longest, and tgt = bos y1.. eos pad.. split into tgt_in and tgt_out.
+
+    tgt_lens counts the real positions of tgt_in (bos included).
+    """
+    S, T = max(src_lens), max(tgt_lens)
+    src = tokens(rng, cfg["src_vocab"], (len(src_lens), S))
+    src[np.arange(S) >= np.array(src_lens)[:, None]] = PAD
+    tgt = np.full((len(tgt_lens), T + 1), PAD, dtype=np.int64)
+    for b, n in enumerate(tgt_lens):
+        tgt[b, 0] = BOS
+        tgt[b, 1:n] = tokens(rng, cfg["tgt_vocab"], (n - 1,))
+        tgt[b, n] = EOS
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    return {
+        "src": src,
+        "tgt_in": tgt_in,
+        "tgt_out": tgt_out,
+        "src_mask": src != PAD,
+        "tgt_mask": tgt_in != PAD,
+    }
+
+
+def changed(rng: np.random.Generator, ids: np.ndarray, vocab: int, start: int) -> np.ndarray:
+    """ids with every real token from position `start` on replaced by a different real token."""
+    out = ids.copy()
+    tail = out[:, start:]
+    shift = rng.integers(1, vocab - 3, tail.shape)  # never 0: every token changes
+    out[:, start:] = (tail - 3 + shift) % (vocab - 3) + 3
+    return out
+
+
+def forward_inputs(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: b[k] for k in ("src", "tgt_in", "src_mask", "tgt_mask")}
+
+
+# --- verdict helpers --------------------------------------------------------------------------
+
+
+def read_params(state: dict[str, np.ndarray], cfg: dict, what: str = "state_dict") -> Any:
+    """The oracle's Params from a subject's arrays; a Failure when they break the contract."""
+    try:
+        return oracle.read_state_dict(state, cfg)
+    except (ValueError, KeyError) as e:
+        raise Failure(f"{what} does not follow the contract's names and shapes: {e}") from None
+
+
+def where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
+    return ", ".join(f"{a} {i}" for a, i in zip(axes, index, strict=False)) or "the value"
+
+
+def errors(got: np.ndarray, want: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, float]:
+    """|got - want| where `mask` (broadcast from the left) holds, 0 elsewhere, inf where got is
+    not finite; and the scale max(1, max |want|) that tolerances are relative to."""
+    keep = np.ones(want.shape, dtype=bool)
+    if mask is not None:
+        trailing = (1,) * (want.ndim - mask.ndim)
+        keep = np.broadcast_to(mask.reshape(mask.shape + trailing), want.shape)
+    err = np.where(keep, np.abs(got - want), 0.0)
+    err = np.where(keep & ~np.isfinite(got), np.inf, err)
+    return err, max(1.0, float(np.abs(np.where(keep, want, 0.0)).max(initial=0.0)))
+
+
+def assert_close(
+    what: str,
+    got: Any,
+    want: Any,
+    tol: float,
+    mask: np.ndarray | None = None,
+    axes: tuple[str, ...] = ("row", "position", "token"),
+) -> None:
+    """|got - want| <= tol * max(1, max |want|) wherever `mask` (broadcast from the left) holds."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        raise Failure(f"{what}: shape {got.shape}, expected {want.shape}")
+    err, scale = errors(got, want, mask)
+    if err.max(initial=0.0) > tol * scale:
+        i = np.unravel_index(int(np.argmax(err)), err.shape)
+        raise Failure(
+            f"{what}: max abs error {err[i]:.3g} at {where(i, axes)} (got {got[i]:.8g}, expected "
+            f"{want[i]:.8g}); tolerance {tol * scale:.3g}"
+        )
+
+
+def assert_equal_bits(what: str, got: np.ndarray, want: np.ndarray, axes: tuple[str, ...]) -> None:
+    """Bitwise equality, reporting the first differing element."""
+    if got.shape != want.shape:
+        raise Failure(f"{what}: shape {got.shape}, expected {want.shape}")
+    if not np.array_equal(got, want):
+        diff = np.abs(got - want)
+        i = tuple(int(k) for k in np.argwhere(got != want)[0])
+        raise Failure(
+            f"{what}: not bitwise equal; first difference at {where(i, axes)} (change "
+            f"{diff[i]:.3g}), largest change {diff.max():.3g}"
+        )
+
+
+# --- the tests --------------------------------------------------------------------------------
+
+
+def check_hand_example_label_smoothing(call: Call) -> None:
+    # Section 3: V = 3, logits (1, 0, 0), target 0, eps 0.1 gives 0.618111 and p - q =
+    # (-0.357216, 0.178608, 0.178608); a second row whose target is the pad id adds nothing.
+    printed = 5e-7  # the seed prints 6 decimals: agreement to half a unit there
+    pad_id = 2
+    logits = np.array([[1.0, 0.0, 0.0], [0.3, -1.2, 2.0]])
+    targets = np.array([0, pad_id])
+    r = call("loss_example", logits=logits, targets=targets, eps=0.1, pad_id=pad_id)
+    assert_close("loss", r["loss"], 0.618111, printed, axes=())
+    if r["grad"] is None:
+        raise Failure("the loss has no gradient with respect to the logits")
+    want = np.array([[-0.357216, 0.178608, 0.178608], [0.0, 0.0, 0.0]])
+    assert_close("d loss / d logits", r["grad"], want, printed, axes=("row", "token"))
+    # and to float64 precision against the oracle, with the pad row first and eps elsewhere
+    for eps in (0.0, 0.1, 0.3):
+        swapped = logits[::-1].copy(), targets[::-1].copy()
+        r = call("loss_example", logits=swapped[0], targets=swapped[1], eps=eps, pad_id=pad_id)
+        loss, grad = oracle.label_smoothed_loss(*swapped, eps, pad_id)
+        assert_close(f"loss (eps={eps}, pad row first)", r["loss"], loss, TOL_FLOAT64, axes=())
+        assert_close(f"gradient (eps={eps})", r["grad"], grad, TOL_FLOAT64, axes=("row", "token"))
+
+
+def check_hand_example_noam(call: Call) -> None:
+    # Section 3: d = 16, w = 4, f = 1 gives 0.03125 at update 0, the peak 0.125 at update 3 and
+    # 0.0625 at update 15; other settings against the oracle's formula.
+    hand = [(0, 16, 4, 1.0, 0.03125), (3, 16, 4, 1.0, 0.125), (15, 16, 4, 1.0, 0.0625)]
+    more = [(0, 512, 4000, 1.0), (3999, 512, 4000, 2.0), (7, 64, 3, 0.5)]
+    cases = [c[:4] for c in hand] + more
+    rates = call("noam_rates", cases=cases)
+    want = [c[4] for c in hand] + [oracle.noam_rate(*c) for c in more]
+    for (s, d, w, f), got, exp in zip(cases, rates, want, strict=True):
+        # a closed formula in float64: a few ulps apart at most
+        if not math.isclose(got, exp, rel_tol=1e-12):
+            raise Failure(
+                f"noam_rate(step={s}, d_model={d}, warmup={w}, factor={f}) = {got!r}, "
+                f"expected {exp!r}"
+            )
+
+
+def golden_comparisons(call: Call, dtype: str | None = None) -> Iterator[tuple]:
+    """The golden test's comparisons: (subject dtype, what, kind, got, want, mask, axes).
+
+    dtype None lets the subject run in float64 if it can; "float32" forces float32 (the
+    calibration of TOL_FLOAT32 on the torch copy).
+    """
+    rng = np.random.default_rng(1)
+    for name, cfg in GOLDEN.items():
+        b = batch(rng, cfg, src_lens=[7, 4, 2], tgt_lens=[6, 3, 5])
+        r = call("golden", cfg=cfg, seed=11, **b, eps=0.1, pad_id=PAD, dtype=dtype)
+        params = read_params(r["state_dict"], cfg)
+        logits = oracle.forward(params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"])
+        cells = ("row", "position", "token")
+        yield r["dtype"], f"{name}: logits", "logits", r["logits"], logits, b["tgt_mask"], cells
+        if hasattr(oracle, "loss_and_grads"):
+            loss, grads = oracle.loss_and_grads(
+                params, b["src"], b["tgt_in"], b["tgt_out"], b["src_mask"], b["tgt_mask"], 0.1, PAD
+            )
+        else:  # until the oracle's backward lands: the loss only
+            loss, grads = oracle.label_smoothed_loss(logits, b["tgt_out"], 0.1, PAD)[0], None
+        yield r["dtype"], f"{name}: smoothed loss", "loss", r["loss"], loss, None, ()
+        if grads is None:
+            continue
+        got = read_params(r["grads"], cfg, "the gradients (by named_parameters name)").arrays
+        want = getattr(grads, "arrays", grads)
+        for key in sorted(want):
+            what = f"{name}: gradient of {key}"
+            yield r["dtype"], what, "grads", got[key], want[key], None, ("row", "column")
+
+
+def check_golden_torch(call: Call) -> None:
+    # Logits, the smoothed loss and every gradient equal the oracle's (torch's own layers are
+    # checked against the same oracle), for both norms and every tying.
+    for dtype, what, kind, got, want, mask, axes in golden_comparisons(call):
+        assert_close(what, got, want, tolerance(dtype, kind), mask=mask, axes=axes)
+
+
+def check_decoder_is_causal(call: Call) -> None:
+    # Changing the targets after position t leaves the logits at positions 0..t bitwise equal.
+    rng = np.random.default_rng(2)
+    for cfg in (POST, PRE):
+        base = batch(rng, cfg, src_lens=[5, 3], tgt_lens=[7, 7])
+        variants, cuts = [forward_inputs(base)], (0, 3, 5)
+        for t in cuts:
+            v = forward_inputs(base)
+            variants.append({**v, "tgt_in": changed(rng, v["tgt_in"], cfg["tgt_vocab"], t + 1)})
+        r = call("forward_logits", cfg=cfg, seed=12, batches=variants)
+        ref = r["logits"][0]
+        for t, got in zip(cuts, r["logits"][1:], strict=True):
+            assert_equal_bits(
+                f"{cfg['norm']}-LN: logits at positions 0..{t} after changing the targets after "
+                f"position {t}",
+                got[:, : t + 1],
+                ref[:, : t + 1],
+                ("row", "position", "token"),
+            )
+
+
+def check_source_padding_is_never_read(call: Call) -> None:
+    # The ids at padded source positions, and how much padding follows, change nothing.
+    rng = np.random.default_rng(3)
+    for cfg in (POST, PRE):
+        base = forward_inputs(batch(rng, cfg, src_lens=[6, 3, 1], tgt_lens=[5, 5, 4]))
+        other_ids = base["src"].copy()
+        pads = ~base["src_mask"]
+        other_ids[pads] = tokens(rng, cfg["src_vocab"], (int(pads.sum()),))
+        longer = np.concatenate([other_ids, tokens(rng, cfg["src_vocab"], (3, 3))], axis=1)
+        longer_mask = np.concatenate([base["src_mask"], np.zeros((3, 3), bool)], axis=1)
+        batches = [
+            base,
+            {**base, "src": other_ids},
+            {**base, "src": longer, "src_mask": longer_mask},
+        ]
+        r = call("forward_logits", cfg=cfg, seed=13, batches=batches)
+        ref, same_shape, extended = r["logits"]
+        mask = base["tgt_mask"]
+        assert_close(
+            f"{cfg['norm']}-LN: logits after changing the ids at padded source positions",
+            same_shape,
+            ref,
+            0.0,  # the same shapes and masked keys: a correct model gives the same bits
+            mask=mask,
+        )
+        assert_close(
+            f"{cfg['norm']}-LN: logits with 3 more padded source positions",
+            extended,
+            ref,
+            tolerance(r["dtype"], "reorder"),
+            mask=mask,
+        )
+
+
+def check_decoder_reads_the_source(call: Call) -> None:
+    # A different source changes the logits of every row.
+    rng = np.random.default_rng(4)
+    for cfg in (POST, PRE):
+        base = forward_inputs(batch(rng, cfg, src_lens=[5, 5, 3], tgt_lens=[4, 4, 4]))
+        other = np.where(base["src_mask"], changed(rng, base["src"], cfg["src_vocab"], 0), PAD)
+        r = call("forward_logits", cfg=cfg, seed=14, batches=[base, {**base, "src": other}])
+        change = np.abs(r["logits"][1] - r["logits"][0]).max(axis=(1, 2))
+        # an honest model's logits move by O(0.1) when every source token changes; 1e-6 is far
+        # above rounding, so only a decoder that ignores the source stays below it
+        for row, c in enumerate(change):
+            if not c > 1e-6:
+                raise Failure(
+                    f"{cfg['norm']}-LN: changing every source token of row {row} changed its "
+                    f"logits by at most {c:.3g}: the decoder does not read the source"
+                )
+
+
+def check_decode_step_equals_forward(call: Call) -> None:
+    # decode_step from init_state, position by position, gives decode's logits at each position,
+    # and stepping again from an earlier state gives the same logits (the state is not mutated).
+    rng = np.random.default_rng(5)
+    for cfg in (POST, PRE):
+        b = batch(rng, cfg, src_lens=[6, 4, 2], tgt_lens=[6, 6, 6])
+        inputs = {k: b[k] for k in ("src", "src_mask", "tgt_in")}
+        r = call("decode_steps", cfg=cfg, seed=15, **inputs)
+        tol = tolerance(r["dtype"], "reorder")
+        assert_close(f"{cfg['norm']}-LN: decode_step logits vs decode", r["steps"], r["full"], tol)
+        for t, logits in r["again"].items():
+            assert_close(
+                f"{cfg['norm']}-LN: decode_step from the state of position {t} once more "
+                "(a mutated state?)",
+                logits,
+                r["steps"][:, int(t)],
+                tol,
+                axes=("row", "token"),
+            )
+
+
+def check_embeddings_scaled_and_tied(call: Call) -> None:
+    # x0 = E[ids] sqrt(d) + PE for source and target; with tie_embeddings one table, listed once,
+    # is the source table, the target table and the output layer; tables start at N(0, 1/d).
+    cfg = config(norm="pre", n_enc=1, n_dec=1)
+    rng = np.random.default_rng(6)
+    b = batch(rng, cfg, src_lens=[6, 3], tgt_lens=[5, 4])
+    r = call("embedding_stream", cfg=cfg, seed=16, **forward_inputs(b))
+    sd = r["state_dict"]
+    extra = sorted({"tgt_emb.weight", "out.weight"} & set(sd))
+    if "src_emb.weight" not in sd or extra:
+        raise Failure(
+            f"tied tables, equal vocabularies: the state_dict must list one table as "
+            f"src_emb.weight and no {extra or 'src_emb.weight'}"
+        )
+    E, d, eps = sd["src_emb.weight"], cfg["d_model"], cfg["ln_eps"]
+    pe = positional_encoding(max(b["src"].shape[1], b["tgt_in"].shape[1]), d)
+
+    def stream(ids: np.ndarray, norm: str, scale: float) -> np.ndarray:
+        x0 = E[ids] * scale + pe[: ids.shape[1]]
+        return layer_norm(x0, sd[f"{norm}.weight"], sd[f"{norm}.bias"], eps)
+
+    tol = tolerance(r["dtype"], "logits")
+    for what, got, want, unscaled, mask in (
+        (
+            "encode of a model whose sublayers output 0, LN(E[src] sqrt(d) + PE)",
+            r["memory"],
+            stream(b["src"], "enc_norm", math.sqrt(d)),
+            stream(b["src"], "enc_norm", 1.0),
+            b["src_mask"],
+        ),
+        (
+            "logits of that model, LN(E[tgt] sqrt(d) + PE) E^T",
+            r["logits"],
+            stream(b["tgt_in"], "dec_norm", math.sqrt(d)) @ E.T,
+            stream(b["tgt_in"], "dec_norm", 1.0) @ E.T,
+            b["tgt_mask"],
+        ),
+    ):
+        try:
+            assert_close(what, got, want, tol, mask=mask)
+        except Failure as e:
+            hint = ""
+            if np.abs(np.where(mask[..., None], got - unscaled, 0.0)).max() <= tol * 10:
+                hint = "; it matches E[ids] + PE: the embeddings are not multiplied by sqrt(d)"
+            raise Failure(f"{e}{hint}") from None
+    # which tables each tying lists, for unequal vocabularies too
+    ties = [
+        (config(src_vocab=11), ["src_emb.weight", "tgt_emb.weight"]),
+        (config(tie_embeddings=False), ["src_emb.weight", "tgt_emb.weight", "out.weight"]),
+    ]
+    shapes = call("state_dict_shapes", cfgs=[c for c, _ in ties])
+    for (c, want), got in zip(ties, shapes, strict=True):
+        tables = sorted(k for k in got if k in ("src_emb.weight", "tgt_emb.weight", "out.weight"))
+        if tables != sorted(want):
+            raise Failure(
+                f"tie_embeddings={c['tie_embeddings']}, vocabularies {c['src_vocab']} and "
+                f"{c['tgt_vocab']}: tables {tables}, expected {sorted(want)}"
+            )
+    # N(0, 1/d): 256 x 16 draws estimate the std to about 1.1%; 10% is eight of those
+    big = config(src_vocab=256, tgt_vocab=256, n_enc=1, n_dec=1)
+    table = call("state_dict", cfg=big, seed=17)["state_dict"]["src_emb.weight"]
+    std, want_std = float(table.std()), big["d_model"] ** -0.5
+    if abs(std / want_std - 1) > 0.10:
+        raise Failure(f"embedding table std {std:.4f} at init, expected 1/sqrt(d) = {want_std:.4f}")
+
+
+def check_parameter_names_follow_the_norm(call: Call) -> None:
+    # The state_dict holds exactly the contract's names and shapes; pre-LN adds exactly enc_norm
+    # and dec_norm; decoder layers have cross_attn and norm3.
+    cfgs = [
+        config(n_enc=2, n_dec=1),
+        config(n_enc=2, n_dec=1, norm="pre"),
+        config(n_enc=1, n_dec=2, norm="pre", src_vocab=11),
+        config(n_enc=1, n_dec=2, tie_embeddings=False, tgt_vocab=11),
+    ]
+    got_all = call("state_dict_shapes", cfgs=cfgs)
+    for cfg, got in zip(cfgs, got_all, strict=True):
+        tie = (
+            "none"
+            if not cfg["tie_embeddings"]
+            else ("all" if cfg["src_vocab"] == cfg["tgt_vocab"] else "tgt_out")
+        )
+        want = contract_keys(cfg["n_enc"], cfg["n_dec"], cfg["norm"], tie)
+        label = f"{cfg['norm']}-LN, {cfg['n_enc']}+{cfg['n_dec']} layers, tie {tie}"
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        if missing or extra:
+            raise Failure(f"{label}: state_dict names missing {missing}, unexpected {extra}")
+        for name in want:
+            shape = expected_shape(
+                name, cfg["d_model"], cfg["d_ff"], cfg["src_vocab"], cfg["tgt_vocab"]
+            )
+            if tuple(got[name]) != shape:
+                raise Failure(f"{label}: {name} has shape {tuple(got[name])}, expected {shape}")
+    post, pre = set(got_all[0]), set(got_all[1])
+    added = {"enc_norm.weight", "enc_norm.bias", "dec_norm.weight", "dec_norm.bias"}
+    if pre - post != added or post - pre:
+        raise Failure(f"pre-LN adds {sorted(pre - post)} and drops {sorted(post - pre)}")
+
+
+def check_optimizer_is_the_papers_adam(call: Call) -> None:
+    # make_optimizer: torch's Adam over every parameter once, betas (0.9, 0.98), eps 1e-9, no
+    # weight decay (section 5.3).
+    r = call("optimizer", cfg=config(n_enc=1, n_dec=1), seed=18)
+    if "torch.optim.adam.Adam" not in r["bases"]:
+        raise Failure(f"make_optimizer returned {r['bases'][0]}, expected a torch.optim.Adam")
+    for i, g in enumerate(r["groups"]):
+        want = {"betas": [0.9, 0.98], "eps": 1e-9, "weight_decay": 0.0, "amsgrad": False}
+        got = {k: g[k] for k in want}
+        if got != want:
+            raise Failure(f"param group {i}: {got}, expected {want}")
+    if not r["all_held"] or r["foreign"] or r["n_held"] != r["n_distinct_held"]:
+        raise Failure(
+            f"the optimizer holds {r['n_distinct_held']} distinct tensors ({r['n_held']} entries, "
+            f"{r['foreign']} not the model's) for the model's {r['n_model']} parameters"
+        )
+
+
+def check_fit_follows_the_schedule_and_is_reproducible(call: Call) -> None:
+    # Exactly `steps` updates; update s runs at noam_rate(s) (or the constant lr); the callback
+    # sees each; the same seed and weights give identical losses; the training mode is restored.
+    cfg = config(n_enc=1, n_dec=1)
+    rng = np.random.default_rng(7)
+    b = batch(rng, cfg, src_lens=[6, 5, 4, 3] * 5, tgt_lens=[5, 4, 3, 6, 2] * 4)
+    tgt = np.concatenate([b["tgt_in"], b["tgt_out"][:, -1:]], axis=1)
+    data = {"src": b["src"], "tgt": tgt, "pad_id": PAD}
+    steps, warmup, factor, lr = 6, 4, 1.0, 0.01
+    r = call(
+        "fit_runs",
+        cfg=cfg,
+        seed=19,
+        data=data,
+        steps=steps,
+        batch=4,
+        warmup=warmup,
+        factor=factor,
+        lr=lr,
+        fit_seed=3,
+    )
+    noam = [oracle.noam_rate(s, cfg["d_model"], warmup, factor) for s in range(steps)]
+    for name, rates in (("noam", noam), ("noam_again", noam), ("constant", [lr] * steps)):
+        run = r["runs"][name]
+        if len(run["losses"]) != steps:
+            raise Failure(f"fit({name}) returned {len(run['losses'])} losses for steps={steps}")
+        seen = [c[0] for c in run["calls"]]
+        if seen != list(range(steps)):
+            raise Failure(f"fit({name}): the callback saw steps {seen}, expected 0..{steps - 1}")
+        for s, (c, want) in enumerate(zip(run["calls"], rates, strict=True)):
+            if not math.isclose(c[1], want, rel_tol=1e-12):
+                raise Failure(f"fit({name}): update {s} ran at rate {c[1]!r}, expected {want!r}")
+        if [c[2] for c in run["calls"]] != run["losses"]:
+            raise Failure(f"fit({name}): the callback's losses differ from the returned ones")
+        if not run["training"]:
+            raise Failure(f"fit({name}) left a model that was training in eval mode")
+    if r["runs"]["noam"]["losses"] != r["runs"]["noam_again"]["losses"]:
+        a, b2 = r["runs"]["noam"]["losses"], r["runs"]["noam_again"]["losses"]
+        s = next(i for i, (x, y) in enumerate(zip(a, b2, strict=True)) if x != y)
+        raise Failure(f"same seed, same weights: update {s} lost {a[s]!r} then {b2[s]!r}")
+    if r["runs"]["from_eval"]["training"]:
+        raise Failure("fit left a model that was in eval mode in training mode")
+    # Adam's first update moves each parameter by rate * |g| / (|g| + 1e-9): the largest move is
+    # the rate itself to within 1e-9 / max|g|; 1e-4 allows gradients down to 1e-5.
+    moved, rate0 = r["max_first_update"], noam[0]
+    if not math.isclose(moved, rate0, rel_tol=1e-4):
+        raise Failure(
+            f"one update of fit moved the parameters by at most {moved:.6g}; Adam's first step "
+            f"at noam_rate(0) = {rate0:.6g} moves the most-moved parameter by that rate"
+        )
+
+
+def greedy(params: Any, src: np.ndarray, eos: int | None, max_len: int) -> tuple[list, list]:
+    """The oracle's greedy decoding by full forward passes, and each step's argmax margin."""
+    out, margins = [], []
+    for row in src:
+        s, mask = row[None], (row != PAD)[None]
+        ys, gaps = [BOS], []
+        for _ in range(max_len):
+            tgt = np.array([ys])
+            logits = oracle.forward(params, s, tgt, mask, np.ones_like(tgt, bool))[0, -1]
+            top2 = np.sort(logits)[-2:]
+            gaps.append(top2[1] - top2[0])
+            tok = int(np.argmax(logits))
+            if tok == eos:
+                break
+            ys.append(tok)
+        out.append(ys[1:])
+        margins.append(min(gaps))
+    return out, margins
+
+
+def draw_weights(shapes: dict[str, list[int]], cfg: dict, seed: int) -> dict[str, np.ndarray]:
+    """Parent-chosen weights for the subject's state_dict names: tables N(0, 1/d), matrices
+    N(0, 1/fan_in), LayerNorm gains near 1, biases near 0. Decoding tests load them, so their
+    expectations do not depend on how a subject initializes (a fresh tied model's argmax just
+    repeats its input token)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in sorted(shapes.items()):
+        if len(shape) == 2:
+            fan_in = cfg["d_model"] if name.endswith("emb.weight") else shape[1]
+            out[name] = rng.normal(0.0, fan_in**-0.5, shape)
+        elif "norm" in name and name.endswith(".weight"):
+            out[name] = 1.0 + 0.1 * rng.normal(size=shape)
+        else:
+            out[name] = 0.1 * rng.normal(size=shape)
+    return out
+
+
+def choose_eos(params: Any, src: np.ndarray, max_len: int) -> int:
+    """An eos that greedy decoding reaches: the first token past the second step, in row order,
+    that is neither pad nor bos."""
+    free, _ = greedy(params, src, None, max_len)
+    for row in free:
+        for tok in row[2:]:
+            if tok not in (PAD, BOS):
+                return tok
+    raise Failure(f"no usable eos: greedy decoding with the test's weights gives {free}")
+
+
+def decoding_setup(call: Call, cfg: dict, seed: int, src: np.ndarray, max_len: int):
+    """The parent's weights for this subject's names, the oracle's Params for them, and eos."""
+    shapes = call("state_dict_shapes", cfgs=[cfg])[0]
+    weights = draw_weights(shapes, cfg, seed)
+    params = read_params(weights, cfg, "the state_dict's names")
+    return weights, params, choose_eos(params, src, max_len)
+
+
+def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
+    # translate with beam_size=1 equals an argmax loop over the oracle's forward pass; outputs
+    # carry no eos; the training mode is restored; save/load gives identical outputs.
+    cfg, max_len = config(n_enc=1, n_dec=1), 6
+    rng = np.random.default_rng(8)
+    src = batch(rng, cfg, src_lens=[5, 4, 3, 5], tgt_lens=[1, 1, 1, 1])["src"]
+    weights, params, eos = decoding_setup(call, cfg, 20, src, max_len)
+    want, margins = greedy(params, src, eos, max_len)
+    r = call(
+        "translations",
+        cfg=cfg,
+        weights=weights,
+        src=src,
+        bos=BOS,
+        eos=eos,
+        pad_id=PAD,
+        max_len=max_len,
+        settings=[[1, 1.0]],
+        train_mode=True,
+    )
+    got = r["outputs"][0]
+    for row, (g, w, m) in enumerate(zip(got, want, margins, strict=True)):
+        if eos in g:
+            raise Failure(f"row {row}: translate returned {g}, which holds eos={eos}")
+        # compare where every argmax beats the runner-up beyond float64 rounding
+        if m > tolerance("float64", "logits") * 10 and g != w:
+            raise Failure(f"row {row}: beam_size=1 gave {g}, the argmax loop gives {w}")
+    if not r["training_after"][0]:
+        raise Failure("translate left a model that was training in eval mode")
+    want_files = ["config.json", "model.safetensors"]
+    if r["files"] != want_files:
+        raise Failure(f"save_transformer wrote {r['files']}: expected exactly {want_files}")
+    if r["safetensors_keys"] != r["state_dict_keys"]:
+        raise Failure(
+            f"model.safetensors holds {r['safetensors_keys']}, the state_dict "
+            f"{r['state_dict_keys']} (a tied tensor is stored once)"
+        )
+    assert_equal_bits(
+        "logits after save_transformer then load_transformer",
+        r["logits_after_load"],
+        r["logits_before"],
+        ("row", "position", "token"),
+    )
+
+
+# The oracle's winner must beat its runner-up by more than float64 rounding of a sum of a few
+# log-probabilities (~1e-14) for the comparison to mean anything; 1e-9 is far above that.
+BEAM_MARGIN = 1e-9
+
+
+def check_beam_search_matches_oracle(call: Call) -> None:
+    # translate equals the oracle's pinned beam search for beam sizes 1-4 and length penalties
+    # 0, 1, 2, wherever the oracle's winner beats the runner-up by more than BEAM_MARGIN.
+    cfg, max_len = config(n_enc=1, n_dec=1, norm="pre", tie_embeddings=False), 5
+    rng = np.random.default_rng(9)
+    src = batch(rng, cfg, src_lens=[5, 3, 4], tgt_lens=[1, 1, 1])["src"]
+    weights, params, eos = decoding_setup(call, cfg, 21, src, max_len)
+    settings = [[beam, penalty] for beam in (1, 2, 3, 4) for penalty in (0.0, 1.0, 2.0)]
+    r = call(
+        "translations",
+        cfg=cfg,
+        weights=weights,
+        src=src,
+        bos=BOS,
+        eos=eos,
+        pad_id=PAD,
+        max_len=max_len,
+        settings=settings,
+        train_mode=False,
+    )
+    mask = src != PAD
+    memory = oracle.encode(params, src, mask)
+    compared = 0
+    for (beam, penalty), got in zip(settings, r["outputs"], strict=True):
+        for row in range(len(src)):
+            finished = oracle.beam_search(
+                params, memory[row : row + 1], mask[row : row + 1], BOS, eos, max_len, beam, penalty
+            )
+            scores = sorted((h.score for h in finished), reverse=True)
+            if len(scores) > 1 and scores[0] - scores[1] <= BEAM_MARGIN:
+                continue
+            best = list(max(reversed(finished), key=lambda h: h.score).tokens)
+            want = best[:-1] if best and best[-1] == eos else best
+            compared += 1
+            if got[row] != want:
+                raise Failure(
+                    f"beam_size={beam}, length_penalty={penalty}, row {row}: translate gave "
+                    f"{got[row]}, the pinned beam search gives {want} (score margin "
+                    f"{scores[0] - scores[1] if len(scores) > 1 else math.inf:.3g})"
+                )
+    if compared == 0:
+        raise Failure("every case was a near tie: nothing compared (choose other inputs)")
+
+
+def check_validation(call: Call) -> None:
+    # Bad input gives the contract's error class, never a silent answer.
+    want = {
+        "norm is not 'post' or 'pre'": "ValueError",
+        "src_mask not bool": "TypeError",
+        "tgt_mask not bool": "TypeError",
+        "encode mask not bool": "TypeError",
+        "src_mask shape differs from src": "ValueError",
+        "tgt_mask shape differs from tgt_in": "ValueError",
+        "batch sizes differ": "ValueError",
+        "source longer than max_len": "ValueError",
+        "source row with no real token": "ValueError",
+        "target row with padding at bos": "ValueError",
+    }
+    got = call("bad_inputs", cfg=config(n_enc=1, n_dec=1, max_len=8), seed=22)
+    wrong = []
+    for case, error in want.items():
+        raised = got.get(case)
+        if raised is None:
+            wrong.append(f"{case}: nothing raised, expected {error}")
+        elif error not in raised["bases"]:
+            wrong.append(f"{case}: raised {raised['type']}, expected {error}")
+    if wrong:
+        raise Failure("; ".join(wrong))
+
+
+def learning_setup() -> dict[str, Any]:
+    """The learning test's task, model and recipe, with the bar derived from impl."""
+    return json.loads((DATA / "learning_bar.json").read_text())
+
+
+def addition_inputs(setup: dict[str, Any]) -> dict[str, Any]:
+    """The reversed-addition split as arrays: training data and the held-out sums."""
+    from tasks import addition
+
+    task = setup["task"]
+    d = addition.load(task["digits"], task["n_test"], task["n_train"], task["seed"])
+    return {
+        "data": {"src": d.train_src.numpy(), "tgt": d.train_tgt.numpy(), "pad_id": d.pad},
+        "eval_src": d.test_src.numpy(),
+        "eval_tgt": d.test_tgt.numpy(),
+    }
+
+
+def heldout_loss(call: Call, setup: dict[str, Any], seed: int) -> float:
+    """Train the subject as the setup says, then its cross-entropy on held-out sums, each
+    position predicted from its prefix alone (so a decoder that peeks ahead cannot cheat)."""
+    inputs = addition_inputs(setup)
+    tgt = inputs["eval_tgt"]
+    prefixes = [tgt[:, : t + 1] for t in range(tgt.shape[1] - 1)]
+    r = call(
+        "learn",
+        cfg=setup["config"],
+        seed=seed,
+        data=inputs["data"],
+        eval_src=inputs["eval_src"],
+        eval_prefixes=prefixes,
+        **setup["recipe"],
+    )
+    logits = np.stack([lg[:, -1] for lg in r["logits"]], axis=1)  # [N, T, V]
+    return float(oracle.label_smoothed_loss(logits, tgt[:, 1:], 0.0, PAD)[0])
+
+
+def check_learns_reversed_addition(call: Call) -> None:
+    # 600 updates on two-digit reversed addition reach impl's held-out loss bar.
+    setup = learning_setup()
+    loss = heldout_loss(call, setup, seed=setup["seeds"][0])
+    bar = setup["bar"]
+    if not loss <= bar:
+        raise Failure(
+            f"held-out loss {loss:.4f} after {setup['recipe']['steps']} updates, above the bar "
+            f"{bar:.4f} ({setup['derivation']})"
+        )
+
+
+SHARED_TESTS: tuple[Test, ...] = (
+    Test(
+        "test_hand_example_label_smoothing",
+        "section 3's label smoothing: 0.618111, p - q, and a pad row that counts for nothing",
+        check_hand_example_label_smoothing,
+        timeout=20.0,
+    ),
+    Test(
+        "test_hand_example_noam",
+        "section 3's Noam rates: 0.03125, 0.125, 0.0625 at updates 0, 3, 15",
+        check_hand_example_noam,
+        timeout=20.0,
+    ),
+    Test(
+        "test_golden_torch",
+        "logits, smoothed loss and every gradient equal the oracle's, both norms, every tying",
+        check_golden_torch,
+        timeout=30.0,
+    ),
+    Test(
+        "test_decoder_is_causal",
+        "changing targets after t leaves logits 0..t bitwise equal",
+        check_decoder_is_causal,
+        timeout=20.0,
+    ),
+    Test(
+        "test_source_padding_is_never_read",
+        "ids at padded source positions, and extra padding, change nothing",
+        check_source_padding_is_never_read,
+        timeout=20.0,
+    ),
+    Test(
+        "test_decoder_reads_the_source",
+        "a different source changes every row's logits",
+        check_decoder_reads_the_source,
+        timeout=20.0,
+    ),
+    Test(
+        "test_decode_step_equals_forward",
+        "step-by-step decoding equals the full forward pass; a state is never mutated",
+        check_decode_step_equals_forward,
+        timeout=20.0,
+    ),
+    Test(
+        "test_embeddings_scaled_and_tied",
+        "x0 = E sqrt(d) + PE; one tied table, listed once; tables start at N(0, 1/d)",
+        check_embeddings_scaled_and_tied,
+        timeout=20.0,
+    ),
+    Test(
+        "test_parameter_names_follow_the_norm",
+        "exactly the contract's names and shapes; pre-LN adds exactly enc_norm and dec_norm",
+        check_parameter_names_follow_the_norm,
+        timeout=20.0,
+    ),
+    Test(
+        "test_optimizer_is_the_papers_adam",
+        "make_optimizer is Adam over every parameter, betas (0.9, 0.98), eps 1e-9, no decay",
+        check_optimizer_is_the_papers_adam,
+        timeout=20.0,
+    ),
+    Test(
+        "test_fit_follows_the_schedule_and_is_reproducible",
+        "exact step count, Noam or constant rates, same seed same losses, mode restored",
+        check_fit_follows_the_schedule_and_is_reproducible,
+        timeout=30.0,
+    ),
+    Test(
+        "test_translate_is_greedy_with_beam_one_and_drops_eos",
+        "beam 1 equals an argmax loop; no eos; mode restored; save/load gives the same logits",
+        check_translate_is_greedy_with_beam_one_and_drops_eos,
+        timeout=30.0,
+    ),
+    Test(
+        "test_beam_search_matches_oracle",
+        "translate equals the pinned beam search for beams 1-4 and length penalties 0, 1, 2",
+        check_beam_search_matches_oracle,
+        timeout=30.0,
+    ),
+    Test(
+        "test_validation",
+        "bad input raises the contract's error class",
+        check_validation,
+        timeout=20.0,
+    ),
+    Test(
+        "test_learns_reversed_addition",
+        "600 updates on two-digit reversed addition reach impl's held-out loss bar",
+        check_learns_reversed_addition,
+        timeout=90.0,
+    ),
+)
+
+BY_NAME = {t.name: t for t in SHARED_TESTS}

@@ -1,0 +1,77 @@
+"""A mutant as data: exact-text patches on a subject's source, each applying exactly once."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+
+class PatchError(Exception):
+    """A mutant's patch no longer applies: its text is missing or ambiguous in the source."""
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Replace `old` by `new`; `old` must occur exactly once in the source."""
+
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One pitfall: the sentence that names it, the tests that must kill it, and the change.
+
+    The change is a list of exact-text patches applied in order, then `append` (module-level
+    code added at the end, for a change that wraps names rather than edits lines).
+    """
+
+    id: str
+    mutator: str  # a short category name for reports (Stryker's mutatorName)
+    pitfall: str
+    killers: tuple[str, ...]  # the seed's expected killing test(s); more killers are fine
+    patches: tuple[Patch, ...] = ()
+    append: str = ""
+    target: str = "impl.transformer"  # the module whose source is patched
+
+    def apply(self, source: str) -> str:
+        """The mutated source; a PatchError names this mutant and the text that failed."""
+        for i, patch in enumerate(self.patches):
+            count = source.count(patch.old)
+            if count != 1:
+                where = "not found" if count == 0 else f"found {count} times"
+                raise PatchError(
+                    f"mutant {self.id}: patch {i + 1} of {len(self.patches)} must match exactly "
+                    f"once in {self.target}'s source, but its text was {where}:\n{patch.old}"
+                )
+            source = source.replace(patch.old, patch.new)
+        if self.append:
+            source = source.rstrip("\n") + "\n\n" + self.append.strip("\n") + "\n"
+        return source
+
+    def diff(self, source: str, path: str = "impl/transformer.py") -> str:
+        """The change as a unified diff of the target's source."""
+        lines = difflib.unified_diff(
+            source.splitlines(keepends=True),
+            self.apply(source).splitlines(keepends=True),
+            fromfile=f"a/{path}",
+            tofile=f"b/{path} ({self.id})",
+        )
+        return "".join(lines)
+
+    def locations(self, source: str) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+        """Where each patch lands in the original source: ((line, col), (line, col)), both from
+        1, end exclusive (Stryker's convention); an append lands at the end of the file."""
+        spans = []
+        for patch in self.patches:
+            start = source.index(patch.old)
+            spans.append((_line_col(source, start), _line_col(source, start + len(patch.old))))
+        if self.append:
+            end = _line_col(source, len(source))
+            spans.append((end, end))
+        return spans
+
+
+def _line_col(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
