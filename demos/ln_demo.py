@@ -17,11 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
-from demos.args import add_model_args, device, nonnegative_int, positive_float, positive_int
+from demos.args import add_model_args, nonnegative_int, positive_float, positive_int
 from demos.progress import Progress
-from demos.train import machine_load, make_model
+from demos.runtime import add_runtime_args, machine_load, torch_threads
+from demos.train import make_model
 from tasks import addition
 
 # Width 64 keeps the 6 + 6 layers at about 0.6 M parameters: nine runs of 150 updates take a few
@@ -46,8 +45,7 @@ def configure_ln_demo(parser: argparse.ArgumentParser) -> None:
         "--tail", type=positive_int, default=10, help="final updates averaged for the kept loss"
     )
     parser.add_argument("--first-seed", type=nonnegative_int, default=0, help="lowest seed")
-    parser.add_argument("--device", type=device, default="cpu", help="cpu or cuda")
-    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
+    add_runtime_args(parser)
     add_model_args(parser, LN_DEFAULTS)
 
 
@@ -57,6 +55,12 @@ def kept_fraction(losses: list[float], tail: int) -> float:
 
 
 def run_ln_demo(args: argparse.Namespace) -> int:
+    with torch_threads(args.threads):
+        return ln_demo(args)
+
+
+def ln_demo(args: argparse.Namespace) -> int:
+    """Post-LN and pre-LN at a constant rate, then post-LN warmed up, over several seeds."""
     from impl.transformer import fit
 
     if args.tail > args.steps:
@@ -64,8 +68,6 @@ def run_ln_demo(args: argparse.Namespace) -> int:
             f"xfmr ln-demo: error: --tail {args.tail} exceeds --steps {args.steps}", file=sys.stderr
         )
         return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
     data = addition.load(args.digits, n_test=1, seed=0)
     src, tgt = data.train_src.to(args.device), data.train_tgt.to(args.device)
     # the Noam factor that puts the warmup's peak, at n = warmup, at the constant rate

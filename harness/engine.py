@@ -1,10 +1,10 @@
 """The engine: run a suite of tests over a set of subjects, one worker process per subject.
 
-Running and judging are apart. Each subject is loaded in its own worker (harness.worker), in its
-own session so that a timeout kills its whole process group; the tests' checks run here, in the
-parent, on plain data the worker sends back. A hang is a timeout cell, a crash an error cell, and
-either way a fresh worker runs the subject's remaining tests. Subjects run in parallel threads,
-each thread driving one worker.
+Running and judging are apart. Each subject is loaded in its own worker (harness.worker, forked
+from the zygote that preloaded torch), in its own session so that a timeout kills its whole
+process group; the tests' checks run here, in the parent, on plain data the worker sends back.
+A hang is a timeout cell, a crash an error cell, and either way a fresh worker runs the
+subject's remaining tests. Subjects run in parallel threads, each thread driving one worker.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from harness.subjects import Subject
 from harness.suite import Failure, SubjectRaised, Test
 from harness.zygote import zygote
 
-# Importing torch and the subject takes ~2 s on an idle core; 60 s leaves room for a loaded
-# machine without letting a subject that hangs at import stall the run for long.
+# Loading takes milliseconds from the zygote and ~5 s from a fresh interpreter (torch's imports);
+# 60 s leaves room for a loaded machine without letting a hang at import stall the run for long.
 LOAD_TIMEOUT = 60.0
 
 
@@ -228,6 +228,7 @@ def run_subject(
     tests: Sequence[Test],
     on_cell: Callable[[Test, Cell], None],
     rlimits: dict[str, tuple[int, int]] | None = None,
+    make_worker: Callable[[Subject], Worker] = Worker,
 ) -> tuple[dict[str, Cell], int]:
     """Every test on one subject in order, restarting the worker after a timeout or a crash."""
     cells: dict[str, Cell] = {}
@@ -243,7 +244,7 @@ def run_subject(
             else:
                 if worker is None:
                     starts += 1
-                    worker, load_failure = _start(subject, rlimits)
+                    worker, load_failure = _start(subject, rlimits, make_worker)
                     if load_failure is not None:
                         cells[test.name] = load_failure
                         on_cell(test, load_failure)
@@ -261,11 +262,13 @@ def run_subject(
 
 
 def _start(
-    subject: Subject, rlimits: dict[str, tuple[int, int]] | None
+    subject: Subject,
+    rlimits: dict[str, tuple[int, int]] | None,
+    make_worker: Callable[[Subject], Worker],
 ) -> tuple[Worker | None, Cell | None]:
     """A loaded worker, or the cell that its failure to load gives every test."""
     start = time.monotonic()
-    worker = Worker(subject)
+    worker = make_worker(subject)
     try:
         worker.load(rlimits)
         return worker, None
@@ -285,8 +288,13 @@ def run_suite(
     jobs: int | None = None,
     progress: Progress | None = None,
     rlimits: dict[str, tuple[int, int]] | None = None,
+    make_worker: Callable[[Subject], Worker] = Worker,
 ) -> SuiteRun:
-    """Every test on every subject: up to `jobs` subjects at once (default: the CPU count)."""
+    """Every test on every subject: up to `jobs` subjects at once (default: the CPU count).
+
+    rlimits: resource limits each worker sets before loading its subject. make_worker: how a
+    worker is started (a Worker subclass that confines untrusted code, say).
+    """
     names = [t.name for t in tests]
     if len(set(names)) != len(names):
         raise ValueError(f"test names must be unique, got {names}")
@@ -306,7 +314,7 @@ def run_suite(
                 if progress is not None:
                     progress(subject, test, cell, len(run.cells), total)
 
-        _, starts = run_subject(subject, tests, on_cell, rlimits)
+        _, starts = run_subject(subject, tests, on_cell, rlimits, make_worker)
         with lock:
             run.subject_seconds[subject.name] = time.monotonic() - t0
             run.worker_starts[subject.name] = starts

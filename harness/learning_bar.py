@@ -19,17 +19,22 @@ from harness.engine import in_process_call
 from harness.shared_tests import DATA, heldout_loss
 
 SEEDS = (0, 1, 2, 3, 4)
-MARGIN = 1.25  # seed-to-seed spread of the held-out loss was within 30% of the worst seed
+# impl's five seeds spread from 0.13 to 0.36 and the torch copy's from 0.13 to 0.76 (some inits
+# learn the carry later): a correct subject's run is one draw from such a tail, so the bar sits at
+# three times impl's worst, still below the ~1.45 of a decoder blind to the source (mutant s04
+# learns the answers' digit statistics only) and far below a model that cannot learn (~2.9, s03)
+MARGIN = 3.0
 
 SETUP = {
     "task": {"digits": 2, "n_test": 200, "n_train": None, "seed": 0},
-    # small enough that 600 updates take a few seconds on one thread
+    # small enough that 600 updates take a few seconds on one thread; a constant rate of 4e-3
+    # learns the task in 600 updates where Noam's warmup and decay (fit's own test) do not
     "config": {
         "src_vocab": 14,
         "tgt_vocab": 14,
         "d_model": 32,
-        "n_heads": 2,
-        "d_ff": 64,
+        "n_heads": 4,
+        "d_ff": 128,
         "n_enc": 1,
         "n_dec": 1,
         "dropout": 0.0,
@@ -38,7 +43,7 @@ SETUP = {
         "max_len": 16,
         "ln_eps": 1e-5,
     },
-    "recipe": {"steps": 600, "batch": 64, "warmup": 100, "factor": 1.0, "lr": 3e-3},
+    "recipe": {"steps": 600, "batch": 64, "warmup": 100, "factor": 1.0, "lr": 4e-3},
     "seeds": list(SEEDS),
 }
 

@@ -62,7 +62,7 @@ def text(run: SuiteRun, summary: Summary) -> str:
                 for t in sorted(summary.kill_sets[s.name], key=index.get)
             ]
             note = ",".join(killers) if s.kind is Kind.MUTANT else f"{len(killers)} tests"
-        lines.append(f"{s.name:<{width}}  {s.kind.value:<8} {cells}  {note}")
+        lines.append(f"{s.name:<{width}}  {s.kind.value:<8} {cells}  {note}".rstrip())
     lines += ["", "tests (pitfall mutants each detects):"]
     for t in run.tests:
         lines.append(f"  {index[t.name]:>2} {t.name:<54} {summary.kills_per_test[t.name]:>2}")
@@ -103,18 +103,22 @@ def timing(run: SuiteRun) -> str:
 
 
 def to_json(run: SuiteRun, summary: Summary) -> dict[str, Any]:
+    """Cells, findings, each mutant's diff, and timings."""
+    _, source = module_source("impl.transformer")
     return {
         "legend": {o.value: o.symbol for o in Outcome},
         "tests": [{"name": t.name, "law": t.law, "timeout_s": t.timeout} for t in run.tests],
         "subjects": [s.to_json() for s in run.subjects],
         "cells": frame(run).to_dict(orient="records"),
         "mutants": {
-            m: {
-                "status": summary.status[m].value,
-                "killed_by": sorted(summary.kill_sets[m]),
-                "expected_killers": list(catalog.get(m).killers) if m in _MUTANT_IDS else [],
+            s.name: {
+                "status": summary.status[s.name].value,
+                "killed_by": sorted(summary.kill_sets[s.name]),
+                "expected_killers": list(catalog.get(s.mutant).killers) if s.mutant else [],
+                "diff": catalog.get(s.mutant).diff(source) if s.mutant else "",
             }
-            for m in summary.kill_sets
+            for s in run.subjects
+            if s.name in summary.kill_sets
         },
         "mutation_score": summary.score,
         "kills_per_test": summary.kills_per_test,
@@ -133,9 +137,6 @@ def to_json(run: SuiteRun, summary: Summary) -> dict[str, Any]:
             "cpu_count": os.cpu_count(),
         },
     }
-
-
-_MUTANT_IDS = {m.id for m in catalog.MUTANTS}
 
 
 def markdown(run: SuiteRun, summary: Summary) -> str:

@@ -3,8 +3,9 @@
 `python -m harness.worker READ_FD WRITE_FD` reads request frames on READ_FD and answers each on
 WRITE_FD (harness.protocol: plain data only). Requests:
 
-- {"op": "load", "subject": spec, "rlimits": {"RLIMIT_AS": [soft, hard], ...}}: set the resource
-  limits (before any subject code runs), then import the subject.
+- {"op": "load", "subject": spec, "rlimits": {"RLIMIT_AS": [soft, hard], ...}, "sandbox": cage}:
+  confine the worker (harness.sandbox, when "sandbox" is given) and set the resource limits
+  before any subject code runs, then import the subject.
 - {"op": "call", "probe": name, "inputs": {...}}: run harness.probes.PROBES[name](module, **inputs).
 
 Each answer is {"ok": true, "value": ...} or {"ok": false, "error": {type, bases, message,
@@ -53,6 +54,10 @@ def serve(read_fd: int, write_fd: int) -> None:
             return
         try:
             if op == "load":
+                if "sandbox" in request:  # grading's cage (harness.sandbox), before the subject
+                    from harness.sandbox import confine
+
+                    confine(request["sandbox"])
                 for name, (soft, hard) in request.get("rlimits", {}).items():
                     resource.setrlimit(getattr(resource, name), (soft, hard))
                 module = subjects.load(subjects.Subject.from_json(request["subject"]))

@@ -7,7 +7,15 @@ grads.py (the backward pass, chained from the backwards beside each forward), an
 """
 
 import oracle.marian  # noqa: F401  (registers the Hugging Face Marian naming scheme)
-from oracle.decoding import DecodeState, Hypothesis, beam_search, decode_step, init_state, translate
+from oracle.decoding import (
+    DecodeState,
+    Hypothesis,
+    beam_search,
+    best_hypothesis,
+    decode_step,
+    init_state,
+    translate,
+)
 from oracle.grads import loss_and_grads
 from oracle.loss import label_smoothed_loss, noam_rate
 from oracle.model import decode, encode, forward
@@ -22,6 +30,7 @@ __all__ = [
     "Params",
     "StateDictError",
     "beam_search",
+    "best_hypothesis",
     "decode",
     "decode_step",
     "encode",

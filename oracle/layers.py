@@ -134,7 +134,8 @@ def _norm_bwd(
     return dx
 
 
-def _into(g: Grads, prefix: str, sub: Grads) -> None:
+def into(g: Grads, prefix: str, sub: Grads) -> None:
+    """Add a sublayer's gradients `sub` to g under their full names, `prefix.name`."""
     g.update({f"{prefix}.{k}": v for k, v in sub.items()})
 
 
@@ -195,7 +196,7 @@ def encoder_layer_bwd(
         dq, dkv, g_attn = multi_head_attention_bwd(dx1, c["attn"], _sub(p, "self_attn"), h)
         dx = dx1 + _norm_bwd(dq + dkv, c["x"], p, "norm1", spec, g)  # x1 = x + SelfAttn(LN1(x))
     g.update(g_ff)
-    _into(g, "self_attn", g_attn)
+    into(g, "self_attn", g_attn)
     return dx, g
 
 
@@ -295,6 +296,6 @@ def decoder_layer_bwd(
         dq, dkv, g_self = multi_head_attention_bwd(dy1, c["self"], _sub(p, "self_attn"), h)
         dy = dy1 + _norm_bwd(dq + dkv, c["y"], p, "norm1", spec, g)  # y1 = y + SelfAttn(LN1(y))
     g.update(g_ff)
-    _into(g, "self_attn", g_self)
-    _into(g, "cross_attn", g_cross)
+    into(g, "self_attn", g_self)
+    into(g, "cross_attn", g_cross)
     return dy, dmemory, g

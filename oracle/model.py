@@ -19,48 +19,10 @@ from oracle.layers import (
     decoder_layer_bwd,
     encoder_layer,
     encoder_layer_bwd,
+    into,
 )
 from oracle.ops import embedding, embedding_bwd, layer_norm, layer_norm_bwd, linear, linear_bwd
 from oracle.params import Params
-
-
-def check_ids_and_mask(
-    params: Params, ids: Any, mask: Any, what: str
-) -> tuple[np.ndarray, np.ndarray]:
-    """ids and mask as arrays, or the contract's error: TypeError for a non-bool mask, ValueError
-    for shapes that differ, a sequence longer than max_len or an id outside the vocabulary."""
-    ids, mask = np.asarray(ids), np.asarray(mask)
-    if mask.dtype != bool:
-        raise TypeError(f"{what}_mask must be bool (True = a real token), got {mask.dtype}")
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise TypeError(f"{what} ids must be integers, got {ids.dtype}")
-    if ids.ndim != 2 or mask.shape != ids.shape:
-        raise ValueError(
-            f"{what} ids {ids.shape} and {what}_mask {mask.shape} must be equal [B, L]"
-        )
-    if ids.shape[1] > params.spec.max_len:
-        raise ValueError(f"{what} length {ids.shape[1]} exceeds max_len={params.spec.max_len}")
-    vocab = params.spec.src_vocab if what == "src" else params.spec.tgt_vocab
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-        raise ValueError(f"{what} ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
-    return ids, mask
-
-
-def check_src(params: Params, src: Any, src_mask: Any) -> tuple[np.ndarray, np.ndarray]:
-    src, src_mask = check_ids_and_mask(params, src, src_mask, "src")
-    empty = np.flatnonzero(~src_mask.any(axis=1))
-    if empty.size:
-        raise ValueError(f"source rows {empty.tolist()} have no real token")
-    return src, src_mask
-
-
-def check_tgt(params: Params, tgt: Any, tgt_mask: Any, batch: int) -> tuple[np.ndarray, np.ndarray]:
-    tgt, tgt_mask = check_ids_and_mask(params, tgt, tgt_mask, "tgt")
-    if tgt.shape[0] != batch:
-        raise ValueError(f"target batch {tgt.shape[0]} differs from source batch {batch}")
-    if tgt.shape[1] == 0 or not tgt_mask[:, 0].all():
-        raise ValueError("every target row must start with a real token (bos)")
-    return tgt, tgt_mask
 
 
 def embed(params: Params, table: str, ids: np.ndarray, start: int = 0) -> np.ndarray:
@@ -72,10 +34,6 @@ def embed(params: Params, table: str, ids: np.ndarray, start: int = 0) -> np.nda
 def _add(g: Grads, name: str, value: np.ndarray) -> None:
     """g[name] += value: a tied table's gradient is the sum over all its uses."""
     g[name] = g[name] + value if name in g else value
-
-
-def _prefixed(g: Grads, prefix: str, sub: Grads) -> None:
-    g.update({f"{prefix}.{k}": v for k, v in sub.items()})
 
 
 def embed_bwd(params: Params, table: str, ids: np.ndarray, dx0: np.ndarray, g: Grads) -> None:
@@ -127,7 +85,7 @@ def encoder_stack_bwd(params: Params, dmemory: np.ndarray, cache: Cache, g: Grad
     for i in reversed(range(spec.n_enc)):
         name = f"encoder.{i}"
         dx, layer_grads = encoder_layer_bwd(dx, cache["layers"][i], params.layer(name), spec)
-        _prefixed(g, name, layer_grads)
+        into(g, name, layer_grads)
     embed_bwd(params, params.src_table, cache["src"], dx, g)
 
 
@@ -184,9 +142,54 @@ def decoder_stack_bwd(params: Params, dlogits: np.ndarray, cache: Cache, g: Grad
         name = f"decoder.{i}"
         dy, dm, layer_grads = decoder_layer_bwd(dy, cache["layers"][i], params.layer(name), spec)
         dmemory += dm
-        _prefixed(g, name, layer_grads)
+        into(g, name, layer_grads)
     embed_bwd(params, params.tgt_table, cache["tgt"], dy, g)
     return dmemory
+
+
+# --- Inputs: the contract's errors for bad ones (CONTRACT.md, "Bad input") -------------------
+
+
+def check_ids_and_mask(
+    params: Params, ids: Any, mask: Any, what: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """ids and mask as arrays, or the contract's error: TypeError for a non-bool mask, ValueError
+    for shapes that differ, a sequence longer than max_len or an id outside the vocabulary."""
+    ids, mask = np.asarray(ids), np.asarray(mask)
+    if mask.dtype != bool:
+        raise TypeError(f"{what}_mask must be bool (True = a real token), got {mask.dtype}")
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise TypeError(f"{what} ids must be integers, got {ids.dtype}")
+    if ids.ndim != 2 or mask.shape != ids.shape:
+        raise ValueError(
+            f"{what} ids {ids.shape} and {what}_mask {mask.shape} must be equal [B, L]"
+        )
+    if ids.shape[1] > params.spec.max_len:
+        raise ValueError(f"{what} length {ids.shape[1]} exceeds max_len={params.spec.max_len}")
+    vocab = params.spec.src_vocab if what == "src" else params.spec.tgt_vocab
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        raise ValueError(f"{what} ids must lie in [0, {vocab}), got {ids.min()}..{ids.max()}")
+    return ids, mask
+
+
+def check_src(params: Params, src: Any, src_mask: Any) -> tuple[np.ndarray, np.ndarray]:
+    src, src_mask = check_ids_and_mask(params, src, src_mask, "src")
+    empty = np.flatnonzero(~src_mask.any(axis=1))
+    if empty.size:
+        raise ValueError(f"source rows {empty.tolist()} have no real token")
+    return src, src_mask
+
+
+def check_tgt(params: Params, tgt: Any, tgt_mask: Any, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    tgt, tgt_mask = check_ids_and_mask(params, tgt, tgt_mask, "tgt")
+    if tgt.shape[0] != batch:
+        raise ValueError(f"target batch {tgt.shape[0]} differs from source batch {batch}")
+    if tgt.shape[1] == 0 or not tgt_mask[:, 0].all():
+        raise ValueError("every target row must start with a real token (bos)")
+    return tgt, tgt_mask
+
+
+# --- The public entry points ----------------------------------------------------------------
 
 
 def encode(params: Params, src: Any, src_mask: Any, trace: bool = False):

@@ -6,12 +6,9 @@ gains and biases are moved away from 1 and 0 so that a swapped or ignored one sh
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import ModuleType
 
 import numpy as np
-import pytest
 import torch
 from hypothesis import strategies as st
 
@@ -125,23 +122,3 @@ def model_from(config: dict, seed: int, module: ModuleType = impl) -> torch.nn.M
         c.pop("norm"), c.pop("tie_embeddings"), c.pop("src_vocab"), c.pop("tgt_vocab"),
         module=module, seed=seed, **c,
     )  # fmt: skip
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """torch on one thread: its many tiny ops otherwise spend milliseconds each waking threads on
-    a loaded machine (measured: 2.3 s vs 0.2 s for one beam search batch, 2.5 s vs 0.02 s for one
-    tiny model's autograd)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-@pytest.fixture(autouse=True)
-def torch_on_one_thread() -> Iterator[None]:
-    """Every test of a module that imports this fixture runs torch on one thread."""
-    with one_torch_thread():
-        yield

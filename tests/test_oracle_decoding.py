@@ -9,7 +9,6 @@ from test_oracle_cases import (
     make_batch,
     make_model,
     max_abs,
-    torch_on_one_thread,  # noqa: F401 (autouse: torch on one thread)
 )
 
 import oracle

@@ -16,7 +16,6 @@ from test_oracle_cases import (
     max_abs,
     model_from,
     tiny_configs,
-    torch_on_one_thread,  # noqa: F401 (autouse: torch on one thread)
 )
 
 import oracle

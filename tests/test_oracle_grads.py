@@ -7,7 +7,7 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_oracle_cases import (
     CASE_IDS,
@@ -17,7 +17,6 @@ from test_oracle_cases import (
     make_model,
     model_from,
     tiny_configs,
-    torch_on_one_thread,  # noqa: F401 (autouse: torch on one thread)
 )
 
 import oracle
@@ -44,11 +43,18 @@ EPS, PAD = 0.1, 0
 # both that and from any wrong derivative (relative errors of order 1e-2 and above).
 AUTOGRAD_REL = 1e-10
 
-# Finite differences (issue 3's bound): the 4-point central stencil with step H has truncation
-# error ~H^4 f^(5)/30 ~ 1e-13 and rounding error ~1e-15 / H ~ 1e-12, relative to gradients of
-# order 1e-3..1: well inside 1e-7.
+# Finite differences (issue 3's bound), taken of the oracle's own forward run in np.longdouble:
+# in float64 the differences carry an absolute rounding noise of ~1e-13 (measured), which is
+# 1e-7 of a gradient of norm 1e-6, and drawn models do have such tensors (a pre-LN q_proj.bias
+# of norm 3e-6). In longdouble the 4-point central stencil with step H has rounding error
+# ~1e-19 / H = 1e-15 and truncation error ~H^4 f^(5) / 30 ~ 1e-17, so the comparison measures
+# the float64 backward's own error (~1e-15 absolute) against 1e-7 relative.
 FD_REL = 1e-7
-H = 1e-3
+H = 1e-4
+# A tensor can have no gradient at all (every ReLU of a d_ff = 3 layer dead, say): the relative
+# error is then measured against this floor, i.e. its differences must stay below 1e-13, a
+# hundred times the stencil's rounding error.
+FD_FLOOR = 1e-6
 
 # k_proj.bias adds q.b_k to every score of query q alike, and softmax ignores a shift shared by
 # a row: its true gradient is exactly 0, so both sides hold only rounding noise. Bound the noise
@@ -132,15 +138,34 @@ def _loss_and_kinks(params, batch):
 
 def _with(params, name: str, index: tuple, delta: float):
     array = params.arrays[name].copy()
-    array[index] += delta
+    array[index] += array.dtype.type(delta)
     return oracle.Params(params.spec, {**params.arrays, name: array}, params.scheme)
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=5, deadline=None)
+# found by Hypothesis when the differences were taken in float64: a q_proj.bias gradient of norm
+# 3e-6, below float64's finite-difference noise
+@example(
+    config=dict(src_vocab=9, tgt_vocab=11, d_model=4, n_heads=1, d_ff=10, n_enc=1, n_dec=2,
+                norm="pre", tie_embeddings=False, max_len=16),
+    seed=8,
+    activation="silu",
+)  # fmt: skip
+# found by Hypothesis: every ReLU of encoder.1's d_ff = 3 layer is dead, so its linear1 has no
+# gradient at all (see FD_FLOOR)
+@example(
+    config=dict(src_vocab=6, tgt_vocab=6, d_model=4, n_heads=1, d_ff=3, n_enc=2, n_dec=2,
+                norm="post", tie_embeddings=False, max_len=16),
+    seed=3,
+    activation="relu",
+)  # fmt: skip
 @given(
     config=tiny_configs(),
     seed=st.integers(0, 2**16),
     activation=st.sampled_from(["relu", "gelu", "silu"]),
+)
+@pytest.mark.skipif(
+    np.finfo(np.longdouble).eps > 1e-18, reason="np.longdouble is no wider than float64 here"
 )
 def test_grads_match_finite_differences(config, seed, activation):
     model = model_from(config, seed)
@@ -149,7 +174,8 @@ def test_grads_match_finite_differences(config, seed, activation):
     src, tgt, src_mask, tgt_mask = make_batch(model.cfg, seed, B=2, S=5, T=4)
     batch = (src, tgt, _targets(tgt_mask, model.cfg.tgt_vocab, seed), src_mask, tgt_mask)
     _, grads = oracle.loss_and_grads(params, *batch[:3], src_mask, tgt_mask, EPS, PAD)
-    base_loss, base_signs = _loss_and_kinks(params, batch)
+    wide = params.astype(np.longdouble)
+    _, base_signs = _loss_and_kinks(wide, batch)
     rng = np.random.default_rng(seed)
     kept = total = 0
     for name, grad in grads.items():
@@ -160,21 +186,21 @@ def test_grads_match_finite_differences(config, seed, activation):
             losses = []
             crossed = False
             for step in (2 * H, H, -H, -2 * H):
-                loss, signs = _loss_and_kinks(_with(params, name, index, step), batch)
+                loss, signs = _loss_and_kinks(_with(wide, name, index, step), batch)
                 losses.append(loss)
                 crossed |= any((s != b).any() for s, b in zip(signs, base_signs, strict=True))
             total += 1
             if crossed and activation == "relu":
                 continue  # a ReLU input changed sign inside the stencil: not differentiable there
             kept += 1
-            fd = (-losses[0] + 8 * losses[1] - 8 * losses[2] + losses[3]) / (12 * H)
-            diffs.append(fd - grad[index])
+            fd = (-losses[0] + 8 * losses[1] - 8 * losses[2] + losses[3]) / (12 * np.longdouble(H))
+            diffs.append(float(fd - grad[index]))
         if name.endswith("k_proj.bias"):  # the true gradient is 0 (see ZERO_GRAD_NOISE)
             assert np.abs(grad).max() < ZERO_GRAD_NOISE * np.linalg.norm(
                 grads[name.replace("bias", "weight")]
             )
         elif diffs:
-            err = np.linalg.norm(diffs) / np.linalg.norm(grad)
+            err = np.linalg.norm(diffs) / max(np.linalg.norm(grad), FD_FLOOR)
             assert err < FD_REL, (name, err)
     assert kept >= 0.8 * total, f"only {kept} of {total} coordinates were away from ReLU kinks"
 

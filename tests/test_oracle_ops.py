@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -38,3 +40,17 @@ def test_positional_encoding_is_the_papers_interleaved_sinusoid():
         assert abs(pe[p, i] - want) < 1e-15
     wide = positional_encoding(50, 9, np.longdouble)
     assert wide.dtype == np.longdouble and np.abs(wide - pe).max() < 1e-14
+
+
+def test_the_oracle_never_imports_torch(tmp_path):
+    # law: the oracle is independent ground truth, numpy only (reading a safetensors file too)
+    from safetensors.numpy import save_file
+
+    file = tmp_path / "w.safetensors"
+    save_file({"src_emb.weight": np.zeros((3, 4))}, str(file))
+    code = (
+        "import sys, oracle; "
+        f"oracle.read_state_dict({str(file)!r}, {{'n_heads': 2, 'ln_eps': 1e-5}}); "
+        "assert 'torch' not in sys.modules, 'oracle imported torch'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,7 +14,6 @@ from test_oracle_cases import (
     copy_of,
     make_batch,
     make_model,
-    torch_on_one_thread,  # noqa: F401 (autouse: torch on one thread)
 )
 
 import oracle

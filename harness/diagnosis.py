@@ -1,0 +1,126 @@
+"""Where a wrong forward pass first goes wrong: the subject's module outputs vs the oracle's trace.
+
+In the worker, `module_outputs` hooks the subject's submodules that carry the contract's module
+names (CONTRACT.md, "module names"; torch's stack names are translated) and returns what each
+output on the golden test's inputs. In the parent, `first_divergence` runs the oracle with
+trace=True on the subject's own weights and names the first module, in the order of
+computation, whose output differs by more than the tolerance:
+"first divergence: decoder.0.cross_attn, max abs error 0.31".
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import torch
+
+import oracle
+from harness.probes import _np, _state_dict, _t, build, probe
+from harness.shared_tests import GOLDEN, batch, errors, read_params, tolerance
+from harness.suite import Call, Failure
+
+# torch's nn.TransformerEncoder/Decoder names (the torch copy's) -> the contract's.
+_TORCH_NAMES = (
+    (re.compile(r"^(encoder|decoder)\.layers\.(\d+)"), r"\1.\2"),
+    (re.compile(r"\.multihead_attn$"), ".cross_attn"),
+    (re.compile(r"^encoder\.norm$"), "enc_norm"),
+    (re.compile(r"^decoder\.norm$"), "dec_norm"),
+)
+_CONTRACT_NAME = re.compile(
+    r"^(encoder\.\d+(\.(self_attn|norm[12]|linear[12]))?|enc_norm|"
+    r"decoder\.\d+(\.(self_attn|cross_attn|norm[123]|linear[12]))?|dec_norm)$"
+)
+
+
+def contract_name(name: str) -> str:
+    """A submodule's name in the contract's scheme (torch's stack names translated)."""
+    for pattern, replacement in _TORCH_NAMES:
+        name = pattern.sub(replacement, name)
+    return name
+
+
+@probe
+def module_outputs(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+    """The output of each contract-named submodule during one forward pass (a tuple output
+    counts by its first element; a module called twice by its first call), and the weights."""
+    model, dtype = build(module, cfg, seed)
+    outputs: dict[str, np.ndarray] = {}
+
+    def hook(name: str):
+        def record(mod: torch.nn.Module, args: Any, out: Any) -> None:
+            first = out[0] if isinstance(out, tuple) and out else out
+            if isinstance(first, torch.Tensor) and name not in outputs:
+                outputs[name] = _np(first)
+
+        return record
+
+    for name, sub in model.named_modules():
+        if _CONTRACT_NAME.match(contract_name(name)):
+            sub.register_forward_hook(hook(contract_name(name)))
+    # gradients stay enabled: under no_grad torch's own layers take a fused fast path that
+    # never calls their submodules, so their hooks would not fire
+    logits = model(_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
+    return {
+        "dtype": dtype,
+        "state_dict": _state_dict(model),
+        "outputs": outputs,
+        "logits": _np(logits),
+    }
+
+
+def first_divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]) -> str:
+    """The first traced module whose output differs from the oracle's, as one sentence."""
+    params = read_params(answer["state_dict"], cfg)
+    logits, trace = oracle.forward(
+        params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"], trace=True
+    )
+    tol = tolerance(answer["dtype"], "logits")
+    outputs = answer["outputs"]
+    missing = [name for name in trace if name not in outputs]
+    for i, (name, want) in enumerate(trace.items()):
+        if name not in outputs:
+            continue
+        got = np.asarray(outputs[name], dtype=np.float64)
+        if got.shape != want.shape:
+            return f"first divergence: {name}, shape {got.shape}, expected {want.shape}"
+        # rows at padded positions are not part of the contract
+        mask = b["src_mask"] if name.startswith(("encoder", "enc_norm")) else b["tgt_mask"]
+        err, scale = errors(got, want, mask)
+        if err.max(initial=0.0) > tol * scale:
+            hint = (
+                " (the first traced module: its input, the embeddings, may differ)"
+                if i == 0
+                else ""
+            )
+            return f"first divergence: {name}, max abs error {err.max():.3g}{hint}"
+    got = np.asarray(answer["logits"], dtype=np.float64)
+    if got.shape != logits.shape:
+        return f"the logits have shape {got.shape}, expected {logits.shape}"
+    err, scale = errors(got, logits, b["tgt_mask"])
+    found = f" ({len(missing)} of {len(trace)} names not found as submodules)" if missing else ""
+    if not outputs:
+        return f"no submodule carries the contract's module names: cannot locate{found}"
+    if err.max(initial=0.0) > tol * scale:
+        return (
+            f"every traced module agrees{found}; the logits differ by {err.max():.3g}: "
+            "the output layer (or what follows the last layer)"
+        )
+    return f"the forward pass agrees with the oracle{found}"
+
+
+def diagnose(call: Call) -> dict[str, str]:
+    """first_divergence on the golden test's inputs (same seed, same batches), per config."""
+    rng = np.random.default_rng(1)  # golden_comparisons' generator: the same inputs
+    found = {}
+    for name, cfg in GOLDEN.items():
+        b = batch(rng, cfg, src_lens=[7, 4, 2], tgt_lens=[6, 3, 5])
+        inputs = {k: b[k] for k in ("src", "tgt_in", "src_mask", "tgt_mask")}
+        try:
+            found[name] = first_divergence(
+                call("module_outputs", cfg=cfg, seed=11, **inputs), cfg, b
+            )
+        except Failure as e:
+            found[name] = f"cannot compare: {e}"
+    return found

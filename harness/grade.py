@@ -1,0 +1,439 @@
+"""`xfmr grade` and `xfmr grade-batch`: the shared tests on untrusted submissions, with points.
+
+A submission runs only in caged workers (harness.sandbox): a crash, a hang, an exit with status 0
+or a memory bomb is that test's failure with its reason, and grading goes on. Every verdict is
+reached here, in the parent, against the oracle; reports are written here too, after every
+worker and whatever it started is gone, so nothing the submission wrote can stand in for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.diagnosis import diagnose
+from harness.engine import LOAD_TIMEOUT, Cell, WorkerDied, WorkerTimeout, run_subject
+from harness.outcomes import Outcome
+from harness.sandbox import DEFAULT_LIMITS, Limits, SandboxedWorker, check_submission
+from harness.shared_tests import DATA, SHARED_TESTS
+from harness.subjects import Kind, Subject
+from harness.suite import SubjectRaised, Test
+
+WEIGHTS = DATA / "grade_weights.json"
+
+# The tests whose failures a forward-pass diagnosis explains (they compare the model's values).
+_VALUE_TESTS = {
+    "test_golden_torch",
+    "test_decode_step_equals_forward",
+    "test_embeddings_scaled_and_tied",
+}
+
+# What each outcome means to a student, before the engine's own message.
+_REASON = {
+    Outcome.KILLED: "failed",
+    Outcome.ERROR: "crashed",
+    Outcome.TIMEOUT: "timed out",
+    Outcome.NOT_APPLICABLE: "not applicable",
+}
+
+
+def points() -> Callable[[str], float]:
+    """Points per test, from harness/data/grade_weights.json (the one place they are set)."""
+    data = json.loads(WEIGHTS.read_text())
+    return lambda name: float(data["points"].get(name, data["default"]))
+
+
+@dataclass
+class TestResult:
+    """One shared test's verdict on a submission."""
+
+    name: str
+    law: str
+    outcome: str  # an Outcome value
+    score: float
+    max_score: float
+    message: str  # what a student can act on; empty when passed
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == Outcome.PASSED.value
+
+
+@dataclass
+class Grade:
+    """A submission's grade: per-test results, the rejection if any, and the diagnosis."""
+
+    submission: str
+    tests: list[TestResult]
+    rejected: str = ""  # why the submission was refused without running, if it was
+    diagnosis: dict[str, str] = field(default_factory=dict)  # config -> first divergence
+    seconds: float = 0.0
+
+    @property
+    def score(self) -> float:
+        return sum(t.score for t in self.tests)
+
+    @property
+    def max_score(self) -> float:
+        return sum(t.max_score for t in self.tests)
+
+    @property
+    def passed(self) -> bool:
+        return not self.rejected and all(t.passed for t in self.tests)
+
+
+def grade(
+    path: str | Path,
+    tests: Sequence[Test] = SHARED_TESTS,
+    limits: Limits = DEFAULT_LIMITS,
+    time_limit: float | None = None,
+) -> Grade:
+    """Run `tests` on the submission at `path` (a .py file or a package directory)."""
+    start = time.monotonic()
+    path = Path(path)
+    weight = points()
+    if time_limit is not None:  # a cap on every test's own limit
+        tests = [replace(t, timeout=min(t.timeout, time_limit)) for t in tests]
+    load_timeout = time_limit if time_limit is not None else LOAD_TIMEOUT
+    if not path.exists() or not (path.suffix == ".py" or (path / "__init__.py").exists()):
+        rejected = f"{path} is neither a .py file nor a package directory with __init__.py"
+    else:
+        problems = check_submission(path)
+        rejected = (
+            "rejected: the submission imports the grader's own packages: " + "; ".join(problems)
+            if problems
+            else ""
+        )
+    if rejected:
+        results = [
+            TestResult(t.name, t.law, Outcome.KILLED.value, 0.0, weight(t.name), rejected, 0.0)
+            for t in tests
+        ]
+        return Grade(str(path), results, rejected, {}, time.monotonic() - start)
+
+    subject = Subject(path.stem, Kind.SUBMISSION, path=str(path.resolve()))
+
+    def new_worker(s: Subject) -> SandboxedWorker:
+        return SandboxedWorker(s, limits, load_timeout, probes=("harness.diagnosis",))
+
+    cells, _ = run_subject(subject, tests, lambda test, cell: None, make_worker=new_worker)
+    failed = [t.name for t in tests if cells[t.name].outcome is Outcome.KILLED]
+    found = _diagnose(subject, new_worker, load_timeout) if set(failed) & _VALUE_TESTS else {}
+    results = [_result(t, cells[t.name], weight(t.name), found) for t in tests]
+    return Grade(str(path), results, "", found, time.monotonic() - start)
+
+
+def _diagnose(subject: Subject, new_worker: Callable, timeout: float) -> dict[str, str]:
+    """diagnosis.diagnose in one more caged worker; a failure to run it is said, not raised."""
+    worker = new_worker(subject)
+    try:
+        worker.load()
+        deadline = time.monotonic() + timeout
+
+        def call(probe: str, **inputs: Any) -> Any:
+            return worker.request({"op": "call", "probe": probe, "inputs": inputs}, deadline)
+
+        return diagnose(call)
+    except (SubjectRaised, WorkerDied, WorkerTimeout) as e:
+        return {"forward pass": f"no diagnosis: {type(e).__name__}: {e}"}
+    finally:
+        worker.close()
+
+
+def _result(test: Test, cell: Cell, max_score: float, found: dict[str, str]) -> TestResult:
+    message = ""
+    if cell.outcome is not Outcome.PASSED:
+        message = f"{_REASON[cell.outcome]}: {cell.message}".strip()
+        if test.name in _VALUE_TESTS and found:
+            message += "\n" + "\n".join(f"{name}: {line}" for name, line in found.items())
+    if cell.outcome is Outcome.NOT_APPLICABLE:
+        max_score = 0.0
+    score = max_score if cell.outcome is Outcome.PASSED else 0.0
+    return TestResult(
+        test.name, test.law, cell.outcome.value, score, max_score, message, round(cell.seconds, 3)
+    )
+
+
+# --- reports ----------------------------------------------------------------------------------
+
+
+def text(g: Grade) -> str:
+    """The readable summary: one line per test, then why each failure failed."""
+    lines = [f"Grading {g.submission}", ""]
+    if g.rejected:
+        lines += [g.rejected, ""]
+    width = max(len(t.name) for t in g.tests)
+    for t in g.tests:
+        mark = "PASS" if t.passed else t.outcome.upper()
+        lines.append(
+            f"  {mark:<8} {t.name:<{width}}  {t.score:g}/{t.max_score:g}  {t.seconds:6.2f} s"
+        )
+    failures = [t for t in g.tests if not t.passed and not g.rejected]
+    if failures:
+        lines += ["", "Why:"]
+        for t in failures:
+            lines.append(f"  {t.name} ({t.law})")
+            lines += [f"    {line}" for line in t.message.splitlines()[:8]]
+    lines += [
+        "",
+        f"Score: {g.score:g}/{g.max_score:g} ({sum(t.passed for t in g.tests)}/{len(g.tests)} "
+        f"tests passed) in {g.seconds:.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def to_json(g: Grade) -> dict[str, Any]:
+    return {
+        "submission": g.submission,
+        "score": g.score,
+        "max_score": g.max_score,
+        "passed": g.passed,
+        "rejected": g.rejected,
+        "diagnosis": g.diagnosis,
+        "seconds": round(g.seconds, 2),
+        "tests": [asdict(t) for t in g.tests],
+    }
+
+
+def gradescope(g: Grade) -> dict[str, Any]:
+    """Gradescope's results.json (score, execution_time, output, tests[])."""
+    return {
+        "score": g.score,
+        "execution_time": round(g.seconds, 2),
+        "output": g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed",
+        "visibility": "visible",
+        "tests": [
+            {
+                "name": t.name,
+                "score": t.score,
+                "max_score": t.max_score,
+                "status": "passed" if t.passed else "failed",
+                "output": t.message or t.law,
+                "visibility": "visible",
+            }
+            for t in g.tests
+        ],
+    }
+
+
+def junit(g: Grade) -> str:
+    """JUnit XML: one testcase per shared test; crashes and timeouts as <error>."""
+    suite = ET.Element(
+        "testsuite",
+        name=f"xfmr grade {Path(g.submission).name}",
+        tests=str(len(g.tests)),
+        failures=str(sum(t.outcome == Outcome.KILLED.value for t in g.tests)),
+        errors=str(sum(t.outcome in ("error", "timeout") for t in g.tests)),
+        skipped=str(sum(t.outcome == Outcome.NOT_APPLICABLE.value for t in g.tests)),
+        time=f"{g.seconds:.3f}",
+    )
+    for t in g.tests:
+        case = ET.SubElement(
+            suite, "testcase", classname="xfmr.shared_tests", name=t.name, time=f"{t.seconds:.3f}"
+        )
+        if t.outcome == Outcome.KILLED.value:
+            ET.SubElement(case, "failure", message=t.message.splitlines()[0]).text = t.message
+        elif t.outcome in ("error", "timeout"):
+            ET.SubElement(case, "error", message=t.message.splitlines()[0]).text = t.message
+        elif t.outcome == Outcome.NOT_APPLICABLE.value:
+            ET.SubElement(case, "skipped")
+    root = ET.Element("testsuites")
+    root.append(suite)
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
+
+
+def write_report(path: str | Path, content: str | dict[str, Any]) -> None:
+    """Write atomically (a temporary file renamed over the target): a file a submission planted
+    at the path, or a link it left there, is replaced, never written through."""
+    path = Path(path)
+    if isinstance(content, dict):
+        content = json.dumps(content, indent=2) + "\n"
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(content)
+    os.replace(tmp, path)
+
+
+# --- xfmr grade -------------------------------------------------------------------------------
+
+
+def _add_limits(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--time-limit", type=float, metavar="S", help="cap every test's time limit (seconds)"
+    )
+    parser.add_argument(
+        "--memory-mb", type=int, default=Limits.memory_mb, help="address space per worker"
+    )
+    parser.add_argument("--tests", metavar="NAMES", help="comma-separated shared tests to run")
+
+
+def _selected(args: argparse.Namespace) -> list[Test]:
+    if not args.tests:
+        return list(SHARED_TESTS)
+    names = args.tests.split(",")
+    unknown = sorted(set(names) - {t.name for t in SHARED_TESTS})
+    if unknown:
+        raise SystemExit(f"xfmr: unknown tests {unknown}; known: {[t.name for t in SHARED_TESTS]}")
+    return [t for t in SHARED_TESTS if t.name in names]
+
+
+def configure_grade(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("submission", help="a .py file or a package directory")
+    parser.add_argument("--json", metavar="FILE", help="the grade as JSON")
+    parser.add_argument("--junit", metavar="FILE", help="JUnit XML for CI")
+    parser.add_argument("--gradescope", metavar="FILE", help="Gradescope's results.json")
+    _add_limits(parser)
+
+
+def run_grade(args: argparse.Namespace) -> int:
+    limits = Limits(memory_mb=args.memory_mb)
+    g = grade(args.submission, _selected(args), limits, args.time_limit)
+    print(text(g))
+    for path, content in (
+        (args.json, lambda: to_json(g)),
+        (args.junit, lambda: junit(g)),
+        (args.gradescope, lambda: gradescope(g)),
+    ):
+        if path:
+            write_report(path, content())
+    return 0 if g.passed else 1
+
+
+# --- xfmr grade-batch -------------------------------------------------------------------------
+
+
+def submissions(folder: Path) -> list[Path]:
+    """The .py files and package directories directly in `folder`, by name."""
+    found = [
+        p
+        for p in folder.iterdir()
+        if (p.suffix == ".py" and p.is_file()) or (p.is_dir() and (p / "__init__.py").exists())
+    ]
+    return sorted(found, key=lambda p: p.name)
+
+
+class Bar:
+    """A one-line progress bar on stderr (a line per submission when not on a terminal)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.done, self.start = total, 0, time.monotonic()
+        self.lock = threading.Lock()
+
+    def step(self, label: str) -> None:
+        with self.lock:
+            self.done += 1
+            filled = round(30 * self.done / self.total)
+            line = (
+                f"[{'#' * filled}{'.' * (30 - filled)}] {self.done}/{self.total} "
+                f"{time.monotonic() - self.start:5.1f} s  {label}"
+            )
+            end = "\r" if sys.stderr.isatty() and self.done < self.total else "\n"
+            print(line, end=end, file=sys.stderr, flush=True)
+
+
+def grade_batch(
+    folder: Path,
+    tests: Sequence[Test],
+    limits: Limits,
+    time_limit: float | None,
+    jobs: int,
+    bar: Bar | None = None,
+) -> list[Grade]:
+    """Every submission in `folder`, `jobs` at a time; one that breaks the grader's own code
+    (it should not) becomes a grade with that reason, never the end of the batch."""
+    paths = submissions(folder)
+
+    def one(path: Path) -> Grade:
+        try:
+            g = grade(path, tests, limits, time_limit)
+        except Exception as e:  # a harness bug on this submission: reported, batch goes on
+            reason = f"grader error: {type(e).__name__}: {e}"
+            g = Grade(str(path), [_result(t, Cell(Outcome.ERROR, reason), 0.0, {}) for t in tests])
+        if bar is not None:
+            bar.step(f"{path.name}: {g.score:g}/{g.max_score:g}")
+        return g
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        return list(pool.map(one, paths))
+
+
+def batch_table(grades: Sequence[Grade]) -> pd.DataFrame:
+    """One row per submission: score, max, passed, each test's outcome."""
+    rows = []
+    for g in grades:
+        row: dict[str, Any] = {
+            "submission": Path(g.submission).name,
+            "score": g.score,
+            "max_score": g.max_score,
+            "passed": g.passed,
+            "rejected": g.rejected,
+        }
+        row.update({t.name: t.outcome for t in g.tests})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def hardest(grades: Sequence[Grade]) -> pd.DataFrame:
+    """Which tests students fail most: failures, share of submissions, most common outcome."""
+    cells = pd.DataFrame(
+        [
+            {"test": t.name, "failed": not t.passed, "outcome": t.outcome}
+            for g in grades
+            for t in g.tests
+        ]
+    )
+    failing = cells[cells.failed]
+    table = cells.groupby("test", sort=False).agg(failed=("failed", "sum"), of=("failed", "size"))
+    table["share"] = (table.failed / table["of"]).round(2)
+    table["usual outcome"] = failing.groupby("test")["outcome"].agg(
+        lambda s: s.value_counts().index[0]
+    )
+    table["usual outcome"] = table["usual outcome"].fillna("")
+    return table.sort_values("failed", ascending=False, kind="stable").reset_index()
+
+
+def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("folder", help="a folder of submissions (.py files or packages)")
+    parser.add_argument("--out", metavar="DIR", default="grades", help="where reports go")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="at once")
+    _add_limits(parser)
+
+
+def run_grade_batch(args: argparse.Namespace) -> int:
+    folder = Path(args.folder)
+    paths = submissions(folder) if folder.is_dir() else []
+    if not paths:
+        print(f"xfmr grade-batch: no submissions in {folder}", file=sys.stderr)
+        return 2
+    limits = Limits(memory_mb=args.memory_mb)
+    grades = grade_batch(
+        folder, _selected(args), limits, args.time_limit, args.jobs, Bar(len(paths))
+    )
+    # every worker is gone: only now does anything get written
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table, worst = batch_table(grades), hardest(grades)
+    write_report(out / "grades.csv", table.to_csv(index=False))
+    write_report(out / "hardest_tests.csv", worst.to_csv(index=False))
+    for g in grades:
+        write_report(out / f"{Path(g.submission).stem}.gradescope.json", gradescope(g))
+    print(table[["submission", "score", "max_score", "passed"]].to_string(index=False))
+    print("\nTests students fail most:")
+    print(worst.to_string(index=False))
+    print(f"\nwrote {out}/grades.csv, {out}/hardest_tests.csv and one Gradescope JSON each")
+    return 0 if all(g.passed for g in grades) else 1

@@ -1,0 +1,379 @@
+"""`xfmr mutation-score TESTS`: a student's pytest suite, scored by the pitfall mutants it kills.
+
+The suite runs on impl, the torch copy and s01-s11, each subject in its own caged worker
+(harness.sandbox) with a time limit per test. Every subject is handed over the same way, as
+comment-free source loaded under one name, so a suite cannot tell a mutant by its label.
+Per-test results stream back over the worker's protocol pipe (harness.student_suite) rather than
+through a JUnit file: a hang or a crash then loses only the test in progress, and nothing the
+suite can guess is ever read back as a result file.
+
+A test that fails on a correct subject is a false alarm and kills nothing. A suite that fails
+every test on impl is invalid and scores 0. Score = killed / 11; pass = s01-s08 all killed and
+score >= 0.80 (the seed's rung R5).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness import reports
+from harness.analysis import Summary, summarize
+from harness.engine import Cell, SuiteRun, WorkerDied, WorkerTimeout
+from harness.grade import write_report
+from harness.outcomes import Outcome, mutant_outcome
+from harness.sandbox import DEFAULT_LIMITS, Limits, SandboxedWorker
+from harness.subjects import Kind, Subject, module_source
+from harness.suite import SubjectRaised, Test
+from mutants import catalog
+
+MODULE = "tinyllm.xfmr.transformer"  # the seed's module path for the subject
+REQUIRED = ("s01", "s02", "s03", "s04", "s05", "s06", "s07", "s08")  # the seed's pitfalls
+PASS_SCORE = 0.80
+# Importing pytest, Hypothesis, the subject and the suite: a few seconds on a loaded machine.
+COLLECT_TIMEOUT = 60.0
+# Default per-test limit: a student's test of a tiny model takes well under a second; 30 s
+# leaves room for Hypothesis's 100 examples on a loaded machine.
+TEST_TIMEOUT = 30.0
+
+_OUTCOMES = {
+    "passed": Outcome.PASSED,
+    "failed": Outcome.KILLED,
+    "skipped": Outcome.NOT_APPLICABLE,
+}
+
+
+def subjects() -> list[Subject]:
+    """impl, the torch copy and s01-s11 (the sanity mutant checks the shared tests, not yours)."""
+    return [
+        Subject("impl", Kind.CORRECT, module="impl.transformer"),
+        Subject("torch_copy", Kind.CORRECT, module="impl.torch_copy"),
+        *(Subject(m, Kind.MUTANT, module="impl.transformer", mutant=m) for m in catalog.PITFALLS),
+    ]
+
+
+def subject_source(subject: Subject) -> str:
+    """The subject's source, patched for a mutant, with comments and layout normalized away
+    (ast round trip): mutants' patches carry comments that would name them."""
+    _, source = module_source(subject.module)
+    if subject.mutant is not None:
+        source = catalog.get(subject.mutant).apply(source)
+    return ast.unparse(ast.parse(source)) + "\n"
+
+
+@dataclass
+class SubjectRun:
+    """The suite on one subject: cells by test id, the collected order, a suite-level error."""
+
+    cells: dict[str, Cell] = field(default_factory=dict)
+    collected: list[str] = field(default_factory=list)
+    error: str = ""  # the suite did not load or collect on this subject
+    seconds: float = 0.0
+    workers: int = 0
+
+
+def run_on(
+    source: Path, tests_dir: Path, module_name: str, limits: Limits, time_limit: float
+) -> SubjectRun:
+    """The suite on one subject's source, restarting after a test that hangs or crashes."""
+    start = time.monotonic()
+    out = SubjectRun()
+    while True:
+        out.workers += 1
+        events = _Events(out, time_limit)
+        worker = SandboxedWorker(
+            Subject("subject", Kind.SUBMISSION, path=str(source)),
+            limits,
+            COLLECT_TIMEOUT,
+            probes=("harness.student_suite",),
+        )
+        try:
+            worker.load()
+            suite = worker.copy_in(tests_dir, "tests")
+            inputs = {"tests_dir": str(suite), "module_name": module_name, "skip": list(out.cells)}
+            request = {"op": "call", "probe": "student_suite", "inputs": inputs}
+            reply = worker.stream(request, events.due, events.on_event)
+            if reply.get("exit") not in (0, 1) and not out.cells:  # 1: some tests failed
+                out.error = f"pytest exited with status {reply.get('exit')} and ran no test"
+            break
+        except WorkerTimeout:
+            if events.current is None:
+                out.error = f"no test started within {COLLECT_TIMEOUT:g} s (collecting the suite)"
+                break
+            out.cells[events.current] = Cell(Outcome.TIMEOUT, f"no result within {time_limit:g} s")
+        except (WorkerDied, SubjectRaised) as e:
+            if events.current is None:
+                out.error = str(e)
+                break
+            out.cells[events.current] = Cell(Outcome.ERROR, f"the test killed its process: {e}")
+        finally:
+            worker.close()
+    out.seconds = time.monotonic() - start
+    return out
+
+
+class _Events:
+    """The suite's streamed events on one worker: results, the test in progress, its deadline."""
+
+    def __init__(self, out: SubjectRun, time_limit: float) -> None:
+        self.out, self.time_limit = out, time_limit
+        self.current: str | None = None
+        self.deadline = time.monotonic() + COLLECT_TIMEOUT
+
+    def due(self) -> float:
+        """When the next event must have come (time.monotonic)."""
+        return self.deadline
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("event")
+        if kind == "collected" and not self.out.collected:
+            self.out.collected = [str(n) for n in event["nodeids"]]
+        elif kind == "start":
+            self.current = str(event["nodeid"])
+            self.deadline = time.monotonic() + self.time_limit
+        elif kind == "result":
+            outcome = _OUTCOMES.get(event["outcome"], Outcome.ERROR)
+            cell = Cell(outcome, str(event["message"]), float(event["seconds"]))
+            self.out.cells[str(event["nodeid"])] = cell
+            self.current = None
+            self.deadline = time.monotonic() + self.time_limit
+
+
+@dataclass
+class Score:
+    """What the suite earned."""
+
+    tests: list[str]
+    run: SuiteRun
+    summary: Summary  # kills by tests that are not false alarms
+    false_alarms: dict[str, list[str]]  # test -> "subject: outcome: message" lines
+    errors: dict[str, str]  # subject -> why the suite did not run on it
+    invalid: str  # why the suite scores nothing, if it does
+    module_name: str
+
+    @property
+    def killed(self) -> list[str]:
+        return [m for m in catalog.PITFALLS if self.summary.status[m].detected]
+
+    @property
+    def score(self) -> float:
+        return 0.0 if self.invalid else len(self.killed) / len(catalog.PITFALLS)
+
+    @property
+    def passed(self) -> bool:
+        required = all(m in self.killed for m in REQUIRED)
+        return not self.invalid and required and self.score >= PASS_SCORE
+
+
+def mutation_score(
+    tests_dir: str | Path,
+    module_name: str = MODULE,
+    limits: Limits = DEFAULT_LIMITS,
+    time_limit: float = TEST_TIMEOUT,
+    jobs: int | None = None,
+    progress: Callable[[str, SubjectRun], None] | None = None,
+) -> Score:
+    """Run the suite on every subject (up to `jobs` at once) and score it."""
+    tests_dir = Path(tests_dir).resolve()
+    if not tests_dir.is_dir():
+        raise FileNotFoundError(f"TESTS must be a folder of pytest files, got {tests_dir}")
+    started = time.monotonic()
+    subs = subjects()
+    with tempfile.TemporaryDirectory(prefix="xfmr-subjects-") as tmp:
+        sources = {}
+        for s in subs:
+            sources[s.name] = Path(tmp) / f"{s.name}.py"
+            sources[s.name].write_text(subject_source(s))
+        lock = threading.Lock()
+
+        def one(s: Subject) -> SubjectRun:
+            r = run_on(sources[s.name], tests_dir, module_name, limits, time_limit)
+            if progress is not None:
+                with lock:
+                    progress(s.name, r)
+            return r
+
+        with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+            runs = dict(zip([s.name for s in subs], pool.map(one, subs), strict=True))
+    return _score(subs, runs, module_name, time_limit, time.monotonic() - started)
+
+
+def _never(call: Any) -> None:
+    raise AssertionError("a student's test runs in pytest, not through the engine")
+
+
+def _score(
+    subs: list[Subject], runs: dict[str, SubjectRun], module_name: str, limit: float, wall: float
+) -> Score:
+    tests = runs["impl"].collected or next((r.collected for r in runs.values() if r.collected), [])
+    run = SuiteRun([Test(t, "", _never, limit) for t in tests], subs, wall_seconds=wall)
+    for s in subs:
+        r = runs[s.name]
+        run.subject_seconds[s.name] = r.seconds
+        run.worker_starts[s.name] = r.workers
+        for t in tests:
+            if t in r.cells:
+                run.cells[(t, s.name)] = r.cells[t]
+            elif r.error:  # the suite did not even load on this subject: every test fails
+                run.cells[(t, s.name)] = Cell(Outcome.KILLED, f"the suite did not run: {r.error}")
+            else:
+                run.cells[(t, s.name)] = Cell(Outcome.ERROR, "never reported")
+    raw = summarize(run)
+    false_alarms: dict[str, list[str]] = {}
+    for test, subject, outcome, message in raw.false_alarms:
+        first = message.strip().splitlines()[-1] if message.strip() else ""
+        false_alarms.setdefault(test, []).append(f"{subject}: {outcome.value}: {first}"[:300])
+    honest = [t for t in tests if t not in false_alarms]
+    kill_sets = {m: frozenset(k & set(honest)) for m, k in raw.kill_sets.items()}
+    status = {m: mutant_outcome([run.cell(t, m).outcome for t in honest]) for m in kill_sets}
+    summary = replace(
+        raw,
+        kill_sets=kill_sets,
+        status=status,
+        score=sum(status[m].detected for m in catalog.PITFALLS) / len(catalog.PITFALLS),
+        kills_per_test={t: sum(t in kill_sets[m] for m in catalog.PITFALLS) for t in tests},
+    )
+    invalid = ""
+    if not tests:
+        invalid = "no test was collected on impl" + (
+            f": {runs['impl'].error}" if runs["impl"].error else ""
+        )
+    elif all(run.cell(t, "impl").outcome is not Outcome.PASSED for t in tests):
+        invalid = "every test fails on impl, a correct subject: the suite is invalid"
+    errors = {s: r.error for s, r in runs.items() if r.error}
+    return Score(tests, run, summary, false_alarms, errors, invalid, module_name)
+
+
+# --- reports ----------------------------------------------------------------------------------
+
+
+def text(s: Score, tests_dir: str) -> str:
+    lines = [
+        f"Mutation score of {tests_dir} ({len(s.tests)} tests, subject imported as "
+        f"{s.module_name} or the fixture `transformer`)",
+        "",
+    ]
+    for name in ("impl", "torch_copy"):
+        row = [s.run.cell(t, name).outcome for t in s.tests]
+        counts = ", ".join(f"{row.count(o)} {o.value}" for o in Outcome if row.count(o))
+        lines.append(f"  {name:<11} correct  {counts or 'no tests'}")
+    for m in catalog.PITFALLS:
+        status = s.summary.status[m]
+        killers = sorted(s.summary.kill_sets[m])
+        verdict = "killed" if status.detected else "SURVIVED"
+        required = "*" if m in REQUIRED else " "
+        lines.append(f"  {m}{required}        {verdict:<8} {catalog.get(m).pitfall}")
+        if killers:
+            lines.append(
+                f"      by {', '.join(_short(k) for k in killers[:4])}"
+                + (f" and {len(killers) - 4} more" if len(killers) > 4 else "")
+            )
+    if s.false_alarms:
+        lines += ["", "False alarms (fail on a correct subject, so they kill nothing):"]
+        for test, where in s.false_alarms.items():
+            lines.append(f"  {test}")
+            lines += [f"    {w}" for w in where]
+    for subject, error in s.errors.items():
+        lines.append(f"the suite did not run on {subject}: {error.splitlines()[0][:300]}")
+    if s.invalid:
+        lines += ["", f"INVALID: {s.invalid}"]
+    missing = [m for m in REQUIRED if m not in s.killed]
+    lines += [
+        "",
+        f"Score: {len(s.killed) if not s.invalid else 0}/{len(catalog.PITFALLS)} = {s.score:.2f} "
+        f"(* = must be killed: s01-s08{'; missing ' + ', '.join(missing) if missing else ''}); "
+        f"pass needs those and >= {PASS_SCORE:.2f}: {'PASS' if s.passed else 'FAIL'}",
+        f"wall {s.run.wall_seconds:.1f} s",
+    ]
+    return "\n".join(lines)
+
+
+def _short(nodeid: str) -> str:
+    return nodeid.split("::", 1)[-1]
+
+
+def to_json(s: Score) -> dict[str, Any]:
+    return {
+        "module": s.module_name,
+        "tests": s.tests,
+        "score": s.score,
+        "passed": s.passed,
+        "invalid": s.invalid,
+        "killed": s.killed,
+        "mutants": {
+            m: {
+                "status": s.summary.status[m].value,
+                "killed_by": sorted(s.summary.kill_sets[m]),
+                "pitfall": catalog.get(m).pitfall,
+                "required": m in REQUIRED,
+            }
+            for m in catalog.PITFALLS
+        },
+        "false_alarms": s.false_alarms,
+        "errors": s.errors,
+        "cells": reports.frame(s.run).to_dict(orient="records"),
+        "timing": {
+            "wall_s": round(s.run.wall_seconds, 2),
+            "per_subject_s": {k: round(v, 2) for k, v in s.run.subject_seconds.items()},
+            "worker_starts": s.run.worker_starts,
+        },
+    }
+
+
+def stryker(s: Score, tests_dir: str) -> dict[str, Any]:
+    """The matrix's Stryker report (harness.reports), with the student's tests as testFiles."""
+    data = reports.stryker(s.run, s.summary)
+    files: dict[str, list[dict[str, str]]] = {}
+    for t in s.tests:
+        files.setdefault(t.split("::")[0], []).append({"id": t, "name": t})
+    data["testFiles"] = {f"{tests_dir.rstrip('/')}/{f}": {"tests": ts} for f, ts in files.items()}
+    data["framework"] = {"name": "xfmr mutation-score (pytest)"}
+    return data
+
+
+def configure_mutation_score(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("tests", help="the folder holding the student's pytest suite")
+    parser.add_argument("--module", default=MODULE, help=f"the subject's module path ({MODULE})")
+    parser.add_argument("--json", metavar="FILE", help="the score as JSON")
+    parser.add_argument("--stryker", metavar="FILE", help="mutation-testing-report-schema JSON")
+    parser.add_argument(
+        "--time-limit", type=float, default=TEST_TIMEOUT, metavar="S", help="per test (seconds)"
+    )
+    parser.add_argument(
+        "--memory-mb", type=int, default=Limits.memory_mb, help="address space per worker"
+    )
+    parser.add_argument("--jobs", type=int, default=None, help="subjects at once (default: CPUs)")
+
+
+def run_mutation_score(args: argparse.Namespace) -> int:
+    def progress(name: str, r: SubjectRun) -> None:
+        print(f"  {name:<11} {len(r.cells)} tests, {r.seconds:5.1f} s", file=sys.stderr)
+
+    try:
+        s = mutation_score(
+            args.tests,
+            args.module,
+            Limits(memory_mb=args.memory_mb),
+            args.time_limit,
+            args.jobs,
+            progress,
+        )
+    except FileNotFoundError as e:
+        print(f"xfmr mutation-score: {e}", file=sys.stderr)
+        return 2
+    print(text(s, args.tests))
+    if args.json:
+        write_report(args.json, to_json(s))
+    if args.stryker:
+        write_report(args.stryker, stryker(s, args.tests))
+    return 0 if s.passed else 1

@@ -1,0 +1,113 @@
+"""The worker's half of `xfmr mutation-score`: a student's pytest suite run on one loaded subject.
+
+The probe `student_suite` makes the subject importable under the module path the suite expects
+(tinyllm.xfmr.transformer unless told otherwise), offers it as the fixture `transformer`, pins
+Hypothesis to one profile (derandomized, no deadline, no database) and runs pytest in this
+process. A small plugin streams each test's start and result to the parent over the protocol
+pipe as they happen (harness.worker.emit), so a test that hangs or kills the worker costs only
+itself: the parent restarts the suite after it, skipping the tests already reported.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from types import ModuleType
+from typing import Any
+
+import hypothesis
+import pytest
+
+from harness import probes, worker
+
+PROFILE = "xfmr-mutation-score"
+# derandomize: the same examples on every subject and every run, so a score is reproducible;
+# no deadline: a loaded machine must not turn slowness into failures; no database: examples
+# found on one subject must not be replayed on the next
+hypothesis.settings.register_profile(
+    PROFILE, derandomize=True, deadline=None, database=None, print_blob=False
+)
+
+
+def alias(module: ModuleType, dotted: str) -> None:
+    """Make `module` importable as `dotted`, creating empty parent packages as needed."""
+    parts = dotted.split(".")
+    for i in range(1, len(parts)):
+        name = ".".join(parts[:i])
+        if name not in sys.modules:
+            package = ModuleType(name)
+            package.__path__ = []
+            sys.modules[name] = package
+    sys.modules[dotted] = module
+    for i in range(1, len(parts)):
+        setattr(sys.modules[".".join(parts[:i])], parts[i], sys.modules[".".join(parts[: i + 1])])
+
+
+class Reporter:
+    """A pytest plugin: the `transformer` fixture, the Hypothesis profile, skipping, streaming."""
+
+    def __init__(self, module: ModuleType, skip: set[str]) -> None:
+        self.module = module
+        self.skip = skip
+        self.phases: dict[str, list[Any]] = {}
+        self.started: dict[str, float] = {}
+
+    @pytest.fixture(name="transformer", scope="session")
+    def transformer(self) -> ModuleType:
+        return self.module
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        hypothesis.settings.load_profile(PROFILE)
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        # a conftest may have loaded its own profile: ours wins
+        hypothesis.settings.load_profile(PROFILE)
+        items[:] = [item for item in items if item.nodeid not in self.skip]
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        worker.emit({"event": "collected", "nodeids": [item.nodeid for item in session.items]})
+
+    def pytest_runtest_logstart(self, nodeid: str) -> None:
+        self.started[nodeid] = time.monotonic()
+        self.phases[nodeid] = []
+        worker.emit({"event": "start", "nodeid": nodeid})
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.phases.setdefault(report.nodeid, []).append(report)
+
+    def pytest_runtest_logfinish(self, nodeid: str) -> None:
+        reports = self.phases.pop(nodeid, [])
+        failed = [r for r in reports if r.failed]
+        if failed:
+            outcome, message = "failed", f"{failed[0].when}: {failed[0].longreprtext}"
+        elif any(r.skipped for r in reports):
+            outcome, message = "skipped", ""
+        else:
+            outcome, message = "passed", ""
+        worker.emit(
+            {
+                "event": "result",
+                "nodeid": nodeid,
+                "outcome": outcome,
+                "message": message[-3000:],  # the end of a traceback says the most
+                "seconds": time.monotonic() - self.started.get(nodeid, time.monotonic()),
+            }
+        )
+
+
+@probes.probe
+def student_suite(module, tests_dir, module_name, skip) -> dict[str, Any]:
+    """Run the suite in `tests_dir` on the subject; each test's result streams as it ends."""
+    alias(module, module_name)
+    args = [
+        tests_dir,
+        "-q",
+        "-p",
+        "no:cacheprovider",  # nothing written next to the suite, nothing read from a past run
+        "-o",
+        "addopts=",
+        "--rootdir",
+        tests_dir,
+    ]
+    code = pytest.main(args, plugins=[Reporter(module, set(skip))])
+    return {"exit": int(code)}

@@ -1,0 +1,264 @@
+"""The engine: the wire format, and workers that hang, crash or print never break a run."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import time
+
+import numpy as np
+import pytest
+
+from harness import protocol
+from harness.engine import Worker, in_process_call, run_suite
+from harness.outcomes import Outcome, mutant_outcome
+from harness.shared_tests import BY_NAME, golden_comparisons
+from harness.subjects import Kind, Subject, load
+from harness.suite import Failure, Test
+
+# --- the wire format --------------------------------------------------------------------------
+
+
+def test_arrays_and_json_round_trip_without_pickle():
+    body = {
+        "f64": np.arange(6, dtype=np.float64).reshape(2, 3) / 7,
+        "f32": np.float32([1.5, np.nan]),
+        "i64": np.int64([[1, -2]]),
+        "bool": np.array([True, False]),
+        "empty": np.zeros((0, 4)),
+        "scalar": np.float64(2.5),
+        "nested": [{"x": 1, "y": None, "z": "text"}, (3.0, float("inf"))],
+    }
+    back = protocol.parse(protocol.encode(body))
+    for key in ("f64", "i64", "bool", "empty"):
+        assert back[key].dtype == body[key].dtype and np.array_equal(back[key], body[key])
+    assert np.array_equal(back["f32"], body["f32"], equal_nan=True)
+    assert back["scalar"] == 2.5 and back["nested"] == [
+        {"x": 1, "y": None, "z": "text"},
+        [3.0, float("inf")],
+    ]
+    assert back["f64"].flags.writeable
+
+
+@pytest.mark.parametrize(
+    "value", [np.array([object()]), {1: "int key"}, {"__ndarray__": 0}, b"raw"]
+)
+def test_values_the_format_does_not_carry_are_refused(value):
+    with pytest.raises(protocol.ProtocolError):
+        protocol.encode(value)
+
+
+def _frame(doc: dict, payload: bytes = b"") -> bytes:
+    raw = json.dumps(doc).encode()
+    return struct.pack(">4sIQ", protocol.MAGIC, len(raw), len(payload)) + raw + payload
+
+
+@pytest.mark.parametrize(
+    "frame, message",
+    [
+        (b"PKL1" + bytes(12), "bad frame magic"),
+        (_frame({"body": 1}), "exactly 'body' and 'arrays'"),
+        (_frame({"body": {"__ndarray__": 0}, "arrays": []}), "bad array reference"),
+        (
+            _frame(
+                {"body": 0, "arrays": [{"dtype": "object", "shape": [1], "nbytes": 8}]}, bytes(8)
+            ),
+            "bad description",
+        ),
+        (
+            _frame(
+                {"body": 0, "arrays": [{"dtype": "float64", "shape": [2], "nbytes": 8}]}, bytes(8)
+            ),
+            "needs 16",
+        ),
+        (_frame({"body": 0, "arrays": []}, bytes(3)), "the arrays use 0"),
+        (struct.pack(">4sIQ", protocol.MAGIC, 3, 0) + b"{]x", "does not parse"),
+    ],
+)
+def test_malformed_frames_are_rejected(frame, message):
+    with pytest.raises(protocol.ProtocolError, match=message):
+        protocol.parse(frame)
+
+
+def test_oversize_frames_are_rejected_before_reading_them():
+    r, w = os.pipe()
+    try:
+        os.write(w, struct.pack(">4sIQ", protocol.MAGIC, 10, 1 << 40))
+        with pytest.raises(protocol.ProtocolError, match="exceeds the cap"):
+            protocol.read_frame(r, timeout=1.0)
+        os.write(w, protocol.encode({"x": np.zeros(1000)}))
+        with pytest.raises(protocol.ProtocolError, match="exceeds the cap"):
+            protocol.read_frame(r, timeout=1.0, max_payload=100)
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_silent_or_closed_pipe_is_a_timeout_or_closed_channel():
+    r, w = os.pipe()
+    os.write(w, protocol.encode([1, 2])[:10])  # a partial frame, then silence
+    start = time.monotonic()
+    with pytest.raises(protocol.FrameTimeout):
+        protocol.read_frame(r, timeout=0.3)
+    assert time.monotonic() - start < 2
+    os.close(w)
+    with pytest.raises(protocol.ChannelClosed):
+        protocol.read_frame(r, timeout=1.0)
+    os.close(r)
+
+
+# --- workers ----------------------------------------------------------------------------------
+
+# A subject whose noam_rate misbehaves on chosen steps; everything else is absent.
+HOSTILE = """
+import ctypes, os, sys, time
+
+CHILD_FILE = {child_file!r}
+
+def noam_rate(step, d_model, warmup, factor=1.0):
+    if step == 1:
+        time.sleep(3600)                      # hangs
+    if step == 2:
+        os._exit(0)                           # exits "successfully" mid-test
+    if step == 3:
+        ctypes.string_at(0)                   # segfaults
+    if step == 4:
+        raise ValueError("bad step")          # an ordinary failure
+    if step == 5:                             # prints protocol-looking junk everywhere
+        for stream in (sys.stdout, sys.stderr):
+            stream.write("XFM1" + "\\x00" * 40 + "garbage\\n")
+            stream.flush()
+    if step == 6:                             # leaves a child behind in its process group
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(3600)
+        open(CHILD_FILE, "w").write(str(pid))
+        time.sleep(3600)
+    n = step + 1
+    return factor * d_model**-0.5 * min(n**-0.5, n * warmup**-1.5)
+"""
+
+
+def rate_test(name: str, step: int, timeout: float = 10.0) -> Test:
+    def check(call):
+        (rate,) = call("noam_rates", cases=[[step, 16, 4, 1.0]])
+        want = 16**-0.5 * min((step + 1) ** -0.5, (step + 1) * 4**-1.5)
+        if rate != want:
+            raise Failure(f"rate {rate}, expected {want}")
+
+    return Test(name, f"noam_rate at step {step}", check, timeout)
+
+
+@pytest.fixture
+def hostile(tmp_path) -> Subject:
+    path = tmp_path / "hostile.py"
+    path.write_text(HOSTILE.replace("{child_file!r}", repr(str(tmp_path / "child.pid"))))
+    return Subject("hostile", Kind.SUBMISSION, path=str(path))
+
+
+def test_hangs_and_crashes_become_cells_and_the_run_goes_on(hostile):
+    tests = [
+        rate_test("ok", 0),
+        rate_test("hangs", 1, timeout=1.0),
+        rate_test("ok_after_hang", 7),
+        rate_test("exits_0", 2),
+        rate_test("segfaults", 3),
+        rate_test("raises", 4),
+        rate_test("prints_junk", 5),
+        Test("broken_check", "a harness bug", lambda call: {}["missing"], 5.0),
+    ]
+    run = run_suite(tests, [hostile], jobs=1)
+    cell = {t.name: run.cell(t.name, "hostile") for t in tests}
+    assert cell["ok"].outcome is Outcome.PASSED
+    assert cell["hangs"].outcome is Outcome.TIMEOUT and 1.0 <= cell["hangs"].seconds < 5
+    assert cell["ok_after_hang"].outcome is Outcome.PASSED
+    assert cell["exits_0"].outcome is Outcome.ERROR
+    assert "exited with status 0" in cell["exits_0"].message
+    assert cell["segfaults"].outcome is Outcome.ERROR
+    assert "SIGSEGV" in cell["segfaults"].message
+    assert cell["raises"].outcome is Outcome.KILLED
+    assert "ValueError: bad step" in cell["raises"].message
+    assert cell["prints_junk"].outcome is Outcome.PASSED
+    assert cell["broken_check"].outcome is Outcome.ERROR
+    assert "harness error" in cell["broken_check"].message
+    # a fresh worker after the hang, the exit and the segfault
+    assert run.worker_starts["hostile"] == 4
+
+
+def test_a_timeout_kills_the_workers_whole_process_group(hostile, tmp_path):
+    run = run_suite([rate_test("forks", 6, timeout=1.5)], [hostile], jobs=1)
+    assert run.cell("forks", "hostile").outcome is Outcome.TIMEOUT
+    child = int((tmp_path / "child.pid").read_text())
+    for _ in range(100):  # the zygote reaps the worker; init reaps the orphaned child
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the worker's child {child} survived the timeout")
+
+
+def test_a_subject_that_fails_to_import_fails_every_test_once(tmp_path):
+    path = tmp_path / "broken.py"
+    path.write_text("raise ImportError('no such thing')\n")
+    subject = Subject("broken", Kind.SUBMISSION, path=str(path))
+    run = run_suite([rate_test("a", 0), rate_test("b", 0)], [subject], jobs=1)
+    for name in ("a", "b"):
+        assert run.cell(name, "broken").outcome is Outcome.KILLED
+        assert "ImportError: no such thing" in run.cell(name, "broken").message
+    assert run.worker_starts["broken"] == 1
+
+
+def test_a_worker_from_a_fresh_interpreter_speaks_the_same_protocol(hostile):
+    worker = Worker(hostile, fresh_interpreter=True)
+    try:
+        worker.load()
+        value = worker.request(
+            {"op": "call", "probe": "noam_rates", "inputs": {"cases": [[7, 16, 4, 1.0]]}},
+            time.monotonic() + 60,
+        )
+        assert value == [16**-0.5 * min(8**-0.5, 8 * 4**-1.5)]
+    finally:
+        worker.close()
+
+
+FLOAT32_ONLY = """
+import torch
+from impl.torch_copy import *  # noqa: F403
+from impl import torch_copy
+
+
+class Transformer(torch_copy.Transformer):
+    def forward(self, *args):
+        if next(self.parameters()).dtype != torch.float32:
+            raise TypeError("this subject runs in float32 only")
+        return super().forward(*args)
+"""
+
+
+def test_a_float32_only_subject_is_judged_with_the_calibrated_tolerances(tmp_path):
+    path = tmp_path / "float32_only.py"
+    path.write_text(FLOAT32_ONLY)
+    subject = Subject("f32", Kind.SUBMISSION, path=str(path))
+    golden = BY_NAME["test_golden_torch"]
+    run = run_suite([golden], [subject], jobs=1)
+    assert run.cell(golden.name, "f32").outcome is Outcome.PASSED
+    comparisons = golden_comparisons(in_process_call(load(subject)))
+    assert {dtype for dtype, *_ in comparisons} == {"float32"}
+
+
+def test_in_process_call_runs_probes_through_the_wire_format():
+    from impl import transformer
+
+    call = in_process_call(transformer)
+    assert call("noam_rates", cases=[[0, 16, 4, 1.0]]) == [0.03125]
+
+
+def test_outcomes_count_as_stryker_does():
+    assert Outcome.KILLED.detected and Outcome.TIMEOUT.detected
+    assert not Outcome.ERROR.detected and not Outcome.PASSED.detected
+    assert Outcome.ERROR.false_alarm and not Outcome.NOT_APPLICABLE.false_alarm
+    assert mutant_outcome([Outcome.PASSED, Outcome.ERROR, Outcome.TIMEOUT]) is Outcome.TIMEOUT
+    assert mutant_outcome([Outcome.NOT_APPLICABLE]) is Outcome.NOT_APPLICABLE
