@@ -12,6 +12,8 @@ recv), one request at a time:
 - wait {"pid", "timeout"}: reap that worker; answers {"status": exit code, negative for a
   signal} or {"status": null} if it is still running after `timeout` seconds.
 The zygote is the workers' parent, so only it can reap them and read their exit status.
+Workers inherit the zygote's environment and working directory, which are the parent's when the
+zygote started: later changes to the parent's os.environ do not reach them.
 """
 
 from __future__ import annotations

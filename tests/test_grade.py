@@ -1,0 +1,104 @@
+"""`xfmr grade` on correct and faulty submissions: points, reports, diagnosis, static checks."""
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from harness import grade
+from harness.cli import main
+from harness.sandbox import forbidden_imports
+from harness.shared_tests import BY_NAME, SHARED_TESTS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def torch_copy_graded(tmp_path_factory):
+    """One full grading of the torch copy through the CLI, with every report written."""
+    out = tmp_path_factory.mktemp("reports")
+    status = main(
+        [
+            "grade",
+            str(ROOT / "impl" / "torch_copy.py"),
+            "--json",
+            str(out / "grade.json"),
+            "--junit",
+            str(out / "junit.xml"),
+            "--gradescope",
+            str(out / "results.json"),
+        ]
+    )
+    return status, out
+
+
+def test_torch_copy_gets_full_marks(torch_copy_graded):
+    # a correct subject written differently from impl passes every shared test
+    status, out = torch_copy_graded
+    data = json.loads((out / "grade.json").read_text())
+    assert status == 0
+    assert data["passed"] and data["score"] == data["max_score"] > 0
+    assert [t["name"] for t in data["tests"]] == [t.name for t in SHARED_TESTS]
+    assert data["seconds"] <= 30, "grading one submission must take at most 30 s"
+
+
+def test_gradescope_results_follow_the_format(torch_copy_graded):
+    _, out = torch_copy_graded
+    data = json.loads((out / "results.json").read_text())
+    assert {"score", "execution_time", "output", "tests"} <= set(data)
+    for t in data["tests"]:
+        assert {"name", "score", "max_score", "status", "output", "visibility"} <= set(t)
+        assert t["status"] == "passed" and t["score"] == t["max_score"]
+    assert data["score"] == sum(t["max_score"] for t in data["tests"])
+
+
+def test_junit_lists_every_test(torch_copy_graded):
+    _, out = torch_copy_graded
+    suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
+    assert suite.get("tests") == str(len(SHARED_TESTS))
+    assert suite.get("failures") == "0" and suite.get("errors") == "0"
+    assert len(suite.findall("testcase")) == len(SHARED_TESTS)
+
+
+def test_faulty_submission_fails_with_its_first_divergence():
+    # the example's cross-attention reads source padding (mutant s06's pitfall)
+    tests = [BY_NAME["test_golden_torch"], BY_NAME["test_source_padding_is_never_read"]]
+    g = grade.grade(ROOT / "examples" / "faulty_submission.py", tests)
+    assert not g.passed and g.score == 0
+    assert all(t.outcome == "killed" for t in g.tests)
+    golden = g.tests[0].message
+    assert "max abs error" in golden
+    assert "first divergence: decoder.0.cross_attn" in golden
+    junit = ET.fromstring(grade.junit(g).split("\n", 1)[1])
+    assert junit.find("testsuite").get("failures") == "2"
+
+
+def test_weights_come_from_one_file():
+    weight = grade.points()
+    data = json.loads(grade.WEIGHTS.read_text())
+    assert weight("test_golden_torch") == data["points"]["test_golden_torch"]
+    assert weight("test_validation") == data["default"]
+
+
+@pytest.mark.parametrize(
+    "source, found",
+    [
+        ("import impl.transformer", ["line 1: imports impl.transformer"]),
+        ("from oracle.model import forward", ["line 1: imports oracle.model"]),
+        (
+            "x = 1\nimport importlib\nimportlib.import_module('harness')",
+            ["line 3: imports harness"],
+        ),
+        ("__import__('mutants.catalog')", ["line 1: imports mutants.catalog"]),
+        ("import torch\nfrom . import impl", []),  # a relative import is the package's own
+        ("import implement, oracles", []),
+    ],
+)
+def test_static_check_finds_protected_imports(source, found):
+    assert forbidden_imports(source) == found
+
+
+def test_a_missing_submission_is_a_clear_failure(tmp_path):
+    g = grade.grade(tmp_path / "nothing.py", [BY_NAME["test_hand_example_noam"]])
+    assert not g.passed and "neither a .py file nor a package" in g.rejected

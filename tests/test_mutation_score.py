@@ -1,0 +1,91 @@
+"""`xfmr mutation-score` on the example suites: the strong one passes, the weak one fails."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness import mutation_score as ms
+from harness.cli import main
+from harness.engine import Cell
+from harness.outcomes import Outcome
+from mutants import catalog
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.fixture(scope="module")
+def strong(tmp_path_factory):
+    out = tmp_path_factory.mktemp("score")
+    status = main(
+        ["mutation-score", str(EXAMPLES / "student_tests_strong")]
+        + ["--json", str(out / "score.json"), "--stryker", str(out / "stryker.json")]
+    )
+    return status, json.loads((out / "score.json").read_text()), out
+
+
+def test_strong_suite_passes(strong):
+    status, data, _ = strong
+    assert status == 0 and data["passed"] and not data["invalid"]
+    assert data["score"] >= ms.PASS_SCORE
+    assert set(ms.REQUIRED) <= set(data["killed"])
+    assert data["false_alarms"] == {}
+
+
+def test_each_pitfall_is_killed_by_the_test_aimed_at_it(strong):
+    _, data, _ = strong
+    killers = {
+        m: {k.split("::")[1].split("[")[0] for k in v["killed_by"]}
+        for m, v in data["mutants"].items()
+    }
+    assert "test_noam_hand_values" in killers["s08"]
+    assert "test_label_smoothing_ignores_pad_rows" in killers["s07"]
+    assert "test_decode_step_equals_forward" in killers["s10"]
+
+
+def test_strong_suite_is_fast_enough(strong):
+    # about 30 tests on 13 subjects: at most 90 s
+    _, data, _ = strong
+    assert len(data["tests"]) >= 25 and data["timing"]["wall_s"] <= 90
+
+
+def test_stryker_report_names_the_students_tests(strong):
+    _, data, out = strong
+    report = json.loads((out / "stryker.json").read_text())
+    assert report["schemaVersion"] == "2"
+    (source,) = report["files"].values()
+    assert {m["id"] for m in source["mutants"]} == set(catalog.PITFALLS)
+    assert all(m["status"] == "Killed" for m in source["mutants"])
+    (tests,) = report["testFiles"].values()
+    assert {t["id"] for t in tests["tests"]} == set(data["tests"])
+
+
+def test_weak_suite_fails(tmp_path):
+    status = main(
+        ["mutation-score", str(EXAMPLES / "student_tests_weak"), "--json", str(tmp_path / "s.json")]
+    )
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert status == 1 and not data["passed"]
+    assert "s08" in data["killed"] and data["score"] < ms.PASS_SCORE
+
+
+def run(outcomes: dict[str, Outcome]) -> ms.SubjectRun:
+    return ms.SubjectRun({t: Cell(o, "") for t, o in outcomes.items()}, list(outcomes))
+
+
+def test_false_alarms_kill_nothing():
+    # t_alarm fails on the torch copy: it kills s01 but earns nothing; t_good kills s08
+    P, K = Outcome.PASSED, Outcome.KILLED
+    runs = {s.name: run({"t_good": P, "t_alarm": P}) for s in ms.subjects()}
+    runs["torch_copy"] = run({"t_good": P, "t_alarm": K})
+    runs["s01"] = run({"t_good": P, "t_alarm": K})
+    runs["s08"] = run({"t_good": K, "t_alarm": P})
+    s = ms._score(ms.subjects(), runs, ms.MODULE, 1.0, 0.0)
+    assert list(s.false_alarms) == ["t_alarm"] and s.killed == ["s08"]
+    assert s.score == pytest.approx(1 / 11) and not s.invalid and not s.passed
+
+
+def test_a_suite_failing_everything_on_impl_is_invalid():
+    runs = {s.name: run({"t": Outcome.KILLED}) for s in ms.subjects()}
+    s = ms._score(ms.subjects(), runs, ms.MODULE, 1.0, 0.0)
+    assert s.invalid and s.score == 0 and not s.passed
