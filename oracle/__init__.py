@@ -3,7 +3,9 @@
 Read top to bottom: ops.py (the primitives), layers.py (sublayers and layers), model.py (the
 stacks), decoding.py (KV-cached steps, beam search), loss.py (label smoothing, Noam),
 grads.py (the backward pass, chained from the backwards beside each forward), and state_dict.py
-(reading any subject's parameters). numpy only: no torch, no autograd.
+(reading any subject's parameters), marian.py (Hugging Face Marian checkpoints), flax_block.py
+(seed 002's Flax pre-LN decoder block), depth_stacks.py (seed 004's shared-weight stacks).
+numpy only: no torch, no autograd.
 """
 
 import oracle.marian  # noqa: F401  (registers the Hugging Face Marian naming scheme)
@@ -16,6 +18,14 @@ from oracle.decoding import (
     init_state,
     translate,
 )
+from oracle.depth_stacks import (
+    post_norm_block,
+    pre_norm_block,
+    stack_input_grad,
+    stack_post_norm_blocks,
+    stack_pre_norm_blocks,
+)
+from oracle.flax_block import flax_decoder_block
 from oracle.grads import loss_and_grads
 from oracle.loss import label_smoothed_loss, noam_rate
 from oracle.model import decode, encode, forward
@@ -34,12 +44,18 @@ __all__ = [
     "decode",
     "decode_step",
     "encode",
+    "flax_decoder_block",
     "forward",
     "init_state",
     "label_smoothed_loss",
     "loss_and_grads",
     "noam_rate",
+    "post_norm_block",
+    "pre_norm_block",
     "read_state_dict",
     "register_scheme",
+    "stack_input_grad",
+    "stack_post_norm_blocks",
+    "stack_pre_norm_blocks",
     "translate",
 ]

@@ -23,17 +23,13 @@ from typing import Any
 
 import numpy as np
 
-from oracle.layers import multi_head_attention
+from oracle.layers import multi_head_attention, multi_head_attention_bwd
 from oracle.ops import (
     layer_norm,
     layer_norm_bwd,
     linear,
-    linear_bwd,
-    merge_heads,
     relu,
     relu_bwd,
-    scaled_dot_product_attention_bwd,
-    split_heads,
 )
 
 BLOCK_PARAMS = (
@@ -77,16 +73,9 @@ def _as_batch(x: Any) -> np.ndarray:
 
 
 def _attention_bwd(dout: np.ndarray, cache: dict, p: dict[str, np.ndarray], h: int) -> np.ndarray:
-    """d MHA(x, x) / dx for self-attention: the query, key and value paths summed."""
-    dconcat, _, _ = linear_bwd(dout, cache["concat"], p["w_o"].T)
-    dQ, dK, dV = scaled_dot_product_attention_bwd(
-        split_heads(dconcat, h), cache["Q"], cache["K"], cache["V"], cache["A"]
-    )
-    x = cache["x_q"]
-    return sum(
-        linear_bwd(merge_heads(dH), x, p[w].T)[0]
-        for dH, w in ((dQ, "w_q"), (dK, "w_k"), (dV, "w_v"))
-    )
+    """d MHA(x, x) / dx for self-attention: the query path plus the key and value paths."""
+    dx_q, dx_kv, _ = multi_head_attention_bwd(dout, cache, _torch_layout(p), h)
+    return dx_q + dx_kv
 
 
 def _ffn(x: np.ndarray, p: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
