@@ -76,3 +76,10 @@ def add_model_args(parser: argparse.ArgumentParser, defaults: dict) -> None:
         "--layers", type=positive_int, default=defaults["layers"], help="encoder = decoder layers"
     )
     g.add_argument("--dropout", type=fraction, default=defaults["dropout"], help="dropout rate")
+
+
+def model_args_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the model's arguments taken together (argparse checks each alone)."""
+    if args.d_model % args.heads:
+        return f"--d-model {args.d_model} is not divisible by --heads {args.heads}"
+    return None

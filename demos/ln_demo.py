@@ -17,7 +17,13 @@ import sys
 import time
 from pathlib import Path
 
-from demos.args import add_model_args, nonnegative_int, positive_float, positive_int
+from demos.args import (
+    add_model_args,
+    model_args_error,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+)
 from demos.progress import Progress
 from demos.runtime import add_runtime_args, machine_load, torch_threads
 from demos.train import make_model
@@ -29,8 +35,11 @@ LN_DEFAULTS = {"d_model": 64, "n_heads": 4, "d_ff": 256, "layers": 6, "dropout":
 
 
 def configure_ln_demo(parser: argparse.ArgumentParser) -> None:
+    parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
     parser.add_argument("--out", default="ln_demo", help="folder for ln_demo.png and .json")
-    parser.add_argument("--seeds", type=positive_int, default=3, help="seeds 0..N-1 per setting")
+    parser.add_argument(
+        "--seeds", type=positive_int, default=3, help="seeds per setting, from --first-seed on"
+    )
     parser.add_argument("--steps", type=positive_int, default=150, help="updates per run")
     parser.add_argument("--lr", type=positive_float, default=3e-3, help="the constant rate")
     parser.add_argument(
@@ -55,6 +64,14 @@ def kept_fraction(losses: list[float], tail: int) -> float:
 
 
 def run_ln_demo(args: argparse.Namespace) -> int:
+    if error := model_args_error(args):
+        print(f"xfmr ln-demo: error: {error}", file=sys.stderr)
+        return 2
+    if args.tail > args.steps:
+        print(
+            f"xfmr ln-demo: error: --tail {args.tail} exceeds --steps {args.steps}", file=sys.stderr
+        )
+        return 2
     with torch_threads(args.threads):
         return ln_demo(args)
 
@@ -63,11 +80,6 @@ def ln_demo(args: argparse.Namespace) -> int:
     """Post-LN and pre-LN at a constant rate, then post-LN warmed up, over several seeds."""
     from impl.transformer import fit
 
-    if args.tail > args.steps:
-        print(
-            f"xfmr ln-demo: error: --tail {args.tail} exceeds --steps {args.steps}", file=sys.stderr
-        )
-        return 2
     data = addition.load(args.digits, n_test=1, seed=0)
     src, tgt = data.train_src.to(args.device), data.train_tgt.to(args.device)
     # the Noam factor that puts the warmup's peak, at n = warmup, at the constant rate

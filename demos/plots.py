@@ -21,11 +21,11 @@ def _pyplot():
 
 
 def loss_curve(losses: Sequence[float], path: str | Path, title: str) -> Path:
-    """One training run's loss per update, log scale."""
+    """One training run's loss per update."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(range(len(losses)), losses, lw=1)
-    ax.set(xlabel="update", ylabel="label-smoothed loss", yscale="log", title=title)
+    ax.set(xlabel="update", ylabel="label-smoothed loss", title=title)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

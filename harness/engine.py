@@ -10,6 +10,7 @@ subject's remaining tests. Subjects run in parallel threads, each thread driving
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -31,6 +32,8 @@ from harness.zygote import zygote
 # Loading takes milliseconds from the zygote and ~5 s from a fresh interpreter (torch's imports);
 # 60 s leaves room for a loaded machine without letting a hang at import stall the run for long.
 LOAD_TIMEOUT = 60.0
+# How often a wait for a reply checks that the worker still runs (seconds).
+_LIVENESS_SLICE = 0.25
 
 
 class WorkerDied(Exception):
@@ -111,13 +114,52 @@ class Worker:
 
     def request(self, body: dict[str, Any], deadline: float) -> Any:
         """Send one request; the worker's value, or SubjectRaised / WorkerTimeout / WorkerDied."""
+        self.send(body)
+        return self._value(body, self.receive(deadline))
+
+    def send(self, body: dict[str, Any]) -> None:
+        """Write one request frame; WorkerDied if the worker's end is gone."""
         try:
             protocol.write_frame(self._req_w, body)
-            reply = protocol.read_frame(self._resp_r, max(0.0, deadline - time.monotonic()))
+        except OSError as e:
+            raise WorkerDied(self._death(e)) from None
+
+    def receive(self, deadline: float) -> Any:
+        """The next frame from the worker, as sent; WorkerTimeout / WorkerDied.
+
+        Waits in short slices, checking that the worker still runs: a worker that exited while
+        a process it started holds its end of the pipe open never sends end-of-file.
+        """
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerTimeout()
+            if select.select([self._resp_r], [], [], min(left, _LIVENESS_SLICE))[0]:
+                break
+            if self._reap(0.0) is not None:
+                held = protocol.ChannelClosed("and a process it started holds its pipe open")
+                raise WorkerDied(self._death(held))
+        try:
+            return protocol.read_frame(self._resp_r, max(0.0, deadline - time.monotonic()))
         except protocol.FrameTimeout:
             raise WorkerTimeout() from None
         except (protocol.ProtocolError, OSError) as e:
             raise WorkerDied(self._death(e)) from None
+
+    def stream(
+        self, body: dict[str, Any], due: Callable[[], float], on_event: Callable[[Any], None]
+    ) -> Any:
+        """Send a request whose probe emits events (harness.worker.emit) before its reply: each
+        event goes to on_event, each frame must arrive by due(); returns the reply's value."""
+        self.send(body)
+        while True:
+            frame = self.receive(due())
+            if not (isinstance(frame, dict) and set(frame) == {"event"}):
+                return self._value(body, frame)
+            on_event(frame["event"])
+
+    def _value(self, body: dict[str, Any], reply: Any) -> Any:
+        """A reply frame's value; SubjectRaised for an error reply, WorkerDied for a bad one."""
         ok = isinstance(reply, dict) and isinstance(reply.get("ok"), bool)
         if not ok or (reply["ok"] and "value" not in reply):
             raise WorkerDied(self._death(protocol.ProtocolError("reply is not {ok, value|error}")))
@@ -273,9 +315,10 @@ def _start(
         worker.load(rlimits)
         return worker, None
     except SubjectRaised as e:  # the subject raised at import: every test fails on it
-        cell = Cell(Outcome.KILLED, f"load: {e}", time.monotonic() - start)
+        cell = Cell(Outcome.KILLED, str(e), time.monotonic() - start)
     except WorkerTimeout:
-        cell = Cell(Outcome.TIMEOUT, f"loading took over {LOAD_TIMEOUT:g} s", LOAD_TIMEOUT)
+        seconds = time.monotonic() - start  # the worker's own load limit, LOAD_TIMEOUT or less
+        cell = Cell(Outcome.TIMEOUT, f"loading took over {seconds:.0f} s; killed", seconds)
     except WorkerDied as e:
         cell = Cell(Outcome.ERROR, f"load: {e}", time.monotonic() - start)
     worker.close()

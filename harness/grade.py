@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,7 @@ import pandas as pd
 from harness.diagnosis import diagnose
 from harness.engine import LOAD_TIMEOUT, Cell, WorkerDied, WorkerTimeout, run_subject
 from harness.outcomes import Outcome
-from harness.sandbox import DEFAULT_LIMITS, Limits, SandboxedWorker, check_submission
+from harness.sandbox import DEFAULT_LIMITS, Limits, SandboxedWorker, check_submission, guarded
 from harness.shared_tests import DATA, SHARED_TESTS
 from harness.subjects import Kind, Subject
 from harness.suite import SubjectRaised, Test
@@ -130,9 +131,10 @@ def grade(
     def new_worker(s: Subject) -> SandboxedWorker:
         return SandboxedWorker(s, limits, load_timeout, probes=("harness.diagnosis",))
 
-    cells, _ = run_subject(subject, tests, lambda test, cell: None, make_worker=new_worker)
-    failed = [t.name for t in tests if cells[t.name].outcome is Outcome.KILLED]
-    found = _diagnose(subject, new_worker, load_timeout) if set(failed) & _VALUE_TESTS else {}
+    with guarded():
+        cells, _ = run_subject(subject, tests, lambda test, cell: None, make_worker=new_worker)
+        failed = {t.name for t in tests if cells[t.name].outcome is Outcome.KILLED}
+        found = _diagnose(subject, new_worker, load_timeout) if failed & _VALUE_TESTS else {}
     results = [_result(t, cells[t.name], weight(t.name), found) for t in tests]
     return Grade(str(path), results, "", found, time.monotonic() - start)
 
@@ -361,14 +363,14 @@ def grade_batch(
     def one(path: Path) -> Grade:
         try:
             g = grade(path, tests, limits, time_limit)
-        except Exception as e:  # a harness bug on this submission: reported, batch goes on
-            reason = f"grader error: {type(e).__name__}: {e}"
+        except Exception:  # a harness bug on this submission: reported in full, batch goes on
+            reason = "grader error:\n" + traceback.format_exc()
             g = Grade(str(path), [_result(t, Cell(Outcome.ERROR, reason), 0.0, {}) for t in tests])
         if bar is not None:
             bar.step(f"{path.name}: {g.score:g}/{g.max_score:g}")
         return g
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with guarded(), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, paths))
 
 

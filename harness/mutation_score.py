@@ -32,7 +32,7 @@ from harness.analysis import Summary, summarize
 from harness.engine import Cell, SuiteRun, WorkerDied, WorkerTimeout
 from harness.grade import write_report
 from harness.outcomes import Outcome, mutant_outcome
-from harness.sandbox import DEFAULT_LIMITS, Limits, SandboxedWorker
+from harness.sandbox import DEFAULT_LIMITS, Limits, SandboxedWorker, guarded
 from harness.subjects import Kind, Subject, module_source
 from harness.suite import SubjectRaised, Test
 from mutants import catalog
@@ -203,7 +203,7 @@ def mutation_score(
                     progress(s.name, r)
             return r
 
-        with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        with guarded(), ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
             runs = dict(zip([s.name for s in subs], pool.map(one, subs), strict=True))
     return _score(subs, runs, module_name, time_limit, time.monotonic() - started)
 
@@ -274,10 +274,9 @@ def text(s: Score, tests_dir: str) -> str:
         required = "*" if m in REQUIRED else " "
         lines.append(f"  {m}{required}        {verdict:<8} {catalog.get(m).pitfall}")
         if killers:
-            lines.append(
-                f"      by {', '.join(_short(k) for k in killers[:4])}"
-                + (f" and {len(killers) - 4} more" if len(killers) > 4 else "")
-            )
+            names = ", ".join(_short(k) for k in killers)
+            cut = names if len(names) <= 80 else names[:77] + "..."
+            lines.append(f"      by {len(killers)}: {cut}")
     if s.false_alarms:
         lines += ["", "False alarms (fail on a correct subject, so they kill nothing):"]
         for test, where in s.false_alarms.items():

@@ -1,12 +1,13 @@
 """The sandbox for untrusted code: how a worker is confined, and how nothing it started survives.
 
-Two halves. The parent (trusted) makes itself a child subreaper, gives each worker a Cage (a
-fresh empty directory, resource limits, a pids cgroup where the machine allows one) and, after
-the worker, sweeps every process the worker left behind: a child that double-forked and called
-setsid is reparented to the subreaper, where a walk of /proc finds it. The worker calls
-`confine` after the harness's own imports and before the first line of submission code runs:
-limits, directory, a minimal environment, the project's packages hidden (a meta-path finder
-for imports, an audit hook for file opens), and, when it runs as root, the nobody account.
+Two halves. The parent (trusted), while `guarded`, is a child subreaper; it gives each worker
+a Cage (a fresh empty directory, resource limits, a pids cgroup where the machine allows one)
+and, after the worker, sweeps every process the worker left behind: a child that double-forked
+and called setsid is reparented to the subreaper, where a walk of /proc finds it. The worker
+calls `confine` after the harness's own imports and before the first line of submission code
+runs: limits, directory, a minimal environment, the project's packages hidden (a meta-path
+finder for imports, an audit hook for file opens), and, when it runs as root and the
+interpreter is readable by others, the nobody account.
 """
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ import signal
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -38,6 +42,7 @@ PROTECTED = ("impl", "oracle", "harness", "mutants", "tasks")
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 
 _PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+_PR_GET_DUMPABLE = 3
 _PR_SET_DUMPABLE = 4
 _CGROUP_PIDS = Path("/sys/fs/cgroup/pids")
 
@@ -71,23 +76,36 @@ DEFAULT_LIMITS = Limits()
 # --- the parent's side ------------------------------------------------------------------------
 
 
-def _prctl(option: int, value: int) -> bool:
-    libc = ctypes.CDLL(None, use_errno=True)
-    return libc.prctl(option, value, 0, 0, 0) == 0
+def _prctl(option: int, value: int = 0) -> int:
+    return ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0)
 
 
-_GUARDED = False
+_GUARD_LOCK = threading.Lock()
+_GUARD_DEPTH = 0
+_WAS_DUMPABLE = 1
 
 
-def guard_parent() -> None:
-    """Make this process a child subreaper (orphans of its workers come back to it, not to
-    init) and not dumpable (its /proc/PID/fd, environ and mem are closed to other processes of
-    the same user, so a worker cannot reach the parent's pipes). Idempotent."""
-    global _GUARDED
-    if not _GUARDED:
-        _prctl(_PR_SET_CHILD_SUBREAPER, 1)
-        _prctl(_PR_SET_DUMPABLE, 0)
-        _GUARDED = True
+@contextmanager
+def guarded() -> Iterator[None]:
+    """While untrusted workers run: make this process a child subreaper (orphans of its workers
+    come back to it, not to init, so a sweep can find and reap them) and not dumpable (its
+    /proc/PID/fd, environ and mem close to other processes of its user, so a worker cannot
+    reach its pipes). Nests, across threads; both are undone when the last user leaves."""
+    global _GUARD_DEPTH, _WAS_DUMPABLE
+    with _GUARD_LOCK:
+        if _GUARD_DEPTH == 0:
+            _WAS_DUMPABLE = _prctl(_PR_GET_DUMPABLE)
+            _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+            _prctl(_PR_SET_DUMPABLE, 0)
+        _GUARD_DEPTH += 1
+    try:
+        yield
+    finally:
+        with _GUARD_LOCK:
+            _GUARD_DEPTH -= 1
+            if _GUARD_DEPTH == 0:
+                _prctl(_PR_SET_CHILD_SUBREAPER, 0)
+                _prctl(_PR_SET_DUMPABLE, max(_WAS_DUMPABLE, 0))
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
@@ -146,7 +164,6 @@ class Cage:
     def __init__(
         self, limits: Limits, probes: tuple[str, ...] = (), use_cgroup: bool = True
     ) -> None:
-        guard_parent()
         self.limits = limits
         self.probes = probes  # modules the worker imports before confining: more probes
         self.token = secrets.token_hex(8)
@@ -305,11 +322,17 @@ def _nobody() -> tuple[int, int] | None:
 # --- the static check -------------------------------------------------------------------------
 
 
+# CPython 3.11's parser keeps its recursion depth per interpreter, not per thread: two threads
+# parsing at once (grade-batch) fail with "AST constructor recursion depth mismatch".
+_AST_LOCK = threading.Lock()
+
+
 def forbidden_imports(source: str, filename: str = "<submission>") -> list[str]:
     """Where `source` imports a protected package: import statements, and __import__ /
     importlib.import_module called with a literal name. ["line 3: import impl.transformer"]."""
     try:
-        tree = ast.parse(source, filename)
+        with _AST_LOCK:
+            tree = ast.parse(source, filename)
     except SyntaxError as e:
         return [f"line {e.lineno}: the file does not parse ({e.msg})"]
     found = []

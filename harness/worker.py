@@ -35,14 +35,27 @@ def describe(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "bases": bases, "message": message, "where": where}
 
 
+_REPLY_FD: int | None = None
+
+
+def emit(event: Any) -> None:
+    """Send an event frame ({"event": ...}) ahead of the current request's reply: a probe that
+    runs long (a student's pytest suite) reports progress, so a hang costs only one step."""
+    if _REPLY_FD is None:
+        raise RuntimeError("emit outside serve")
+    protocol.write_frame(_REPLY_FD, {"event": event})
+
+
 def serve(read_fd: int, write_fd: int) -> None:
     """Answer requests until the parent closes the pipe or says exit."""
+    global _REPLY_FD
     import torch
 
     from harness import probes, subjects
 
     # One intra-op thread: the parent runs several workers side by side on few cores.
     torch.set_num_threads(1)
+    _REPLY_FD = write_fd
     module = None
     while True:
         try:
@@ -78,4 +91,7 @@ def serve(read_fd: int, write_fd: int) -> None:
 
 
 if __name__ == "__main__":
-    serve(int(sys.argv[1]), int(sys.argv[2]))
+    # serve from the imported module, not __main__: probes reach emit as harness.worker.emit
+    from harness import worker
+
+    worker.serve(int(sys.argv[1]), int(sys.argv[2]))

@@ -115,9 +115,10 @@ def test_translate_refuses_a_sum_of_the_wrong_width(trained, capsys):
     assert "operand '123' in '123+45' is not a 2-digit number" in capsys.readouterr().err
 
 
-def test_heads_must_divide_the_width(tmp_path):
-    with pytest.raises(SystemExit, match="--d-model 16 is not divisible by --heads 3"):
-        main(["train", "--out", str(tmp_path), "--steps", "1", *TINY, "--heads", "3"])
+@pytest.mark.parametrize("command", ["train", "ln-demo"])
+def test_heads_must_divide_the_width(command, tmp_path, capsys):
+    assert main([command, "--out", str(tmp_path), "--steps", "1", *TINY, "--heads", "3"]) == 2
+    assert "--d-model 16 is not divisible by --heads 3" in capsys.readouterr().err
 
 
 def test_ln_demo_refuses_a_tail_longer_than_the_run(capsys):
