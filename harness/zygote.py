@@ -12,8 +12,8 @@ recv), one request at a time:
 - wait {"pid", "timeout"}: reap that worker; answers {"status": exit code, negative for a
   signal} or {"status": null} if it is still running after `timeout` seconds.
 The zygote is the workers' parent, so only it can reap them and read their exit status.
-Workers inherit the zygote's environment and working directory, which are the parent's when the
-zygote started: later changes to the parent's os.environ do not reach them.
+Workers inherit the zygote's environment and working directory: a minimal environment (enough to
+run Python and import this project) and /, so nothing of the parent's shows in /proc/PID/environ.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 _MAX_MESSAGE = 4096
@@ -80,6 +81,15 @@ def _reap(pid: int, timeout: float) -> int | None:
         time.sleep(0.01)
 
 
+def _zygote_env() -> dict[str, str]:
+    """What the zygote (and so every forked worker's /proc/PID/environ) may see of the parent's
+    environment: enough to run Python and import this project, nothing else."""
+    root = str(Path(__file__).resolve().parent.parent)
+    keep = {k: os.environ[k] for k in ("PATH", "LANG", "LC_ALL", "TMPDIR") if k in os.environ}
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+    return {**keep, "PYTHONPATH": path}
+
+
 class Zygote:
     """The parent's handle on the zygote process; thread-safe, one request at a time."""
 
@@ -92,6 +102,8 @@ class Zygote:
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             start_new_session=True,
+            cwd="/",
+            env=_zygote_env(),
         )
         theirs.close()
 
