@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 # name -> (module, one-line help). The module defines configure_<name>(parser) and
@@ -50,7 +51,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"xfmr {name}", description=about)
     getattr(module, f"configure_{attr}")(parser)
     args = parser.parse_args(rest)
-    return int(getattr(module, f"run_{attr}")(args) or 0)
+    try:
+        return int(getattr(module, f"run_{attr}")(args) or 0)
+    except BrokenPipeError:  # `xfmr ... | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from harness import reports
 from harness.analysis import summarize
 from harness.engine import SuiteRun, print_progress, run_suite
 from harness.shared_tests import DATA, SHARED_TESTS
-from harness.subjects import Kind, Subject
+from harness.subjects import Kind, Subject, module_source
 from mutants import catalog
 
 EXPECTED = DATA / "expected_matrix.json"
@@ -70,9 +70,26 @@ def configure_matrix(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no per-cell progress on stderr")
     parser.add_argument("--only", metavar="NAMES", help="comma-separated subjects (a partial run)")
     parser.add_argument("--tests", metavar="NAMES", help="comma-separated tests (a partial run)")
+    parser.add_argument(
+        "--show-patches", action="store_true", help="print every mutant as a diff of impl; no run"
+    )
+
+
+def show_patches() -> str:
+    """Every mutant's pitfall, expected killers and patch, as unified diffs of its target."""
+    blocks = []
+    for mutant in catalog.MUTANTS:
+        _, source = module_source(mutant.target)
+        killers = ", ".join(mutant.killers) or "every test"
+        head = f"# {mutant.id} ({mutant.mutator}): {mutant.pitfall}\n# must be killed by: {killers}"
+        blocks.append(f"{head}\n{mutant.diff(source)}")
+    return "\n".join(blocks)
 
 
 def run_matrix(args: argparse.Namespace) -> int:
+    if args.show_patches:
+        print(show_patches())
+        return 0
     subjects, tests = matrix_subjects(), list(SHARED_TESTS)
     if args.only:
         subjects = [s for s in subjects if s.name in args.only.split(",")]

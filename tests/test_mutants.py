@@ -70,3 +70,12 @@ def test_the_sanity_mutant_makes_every_contract_function_raise():
     ):
         with pytest.raises(RuntimeError, match="sanity mutant"):
             call()
+
+
+def test_show_patches_prints_every_mutant_as_a_diff_of_impl():
+    from harness.matrix import show_patches
+
+    shown = show_patches()
+    for mutant in catalog.MUTANTS:
+        assert f"# {mutant.id} ({mutant.mutator}): {mutant.pitfall}" in shown
+        assert f"+++ b/impl/transformer.py ({mutant.id})" in shown
