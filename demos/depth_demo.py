@@ -94,9 +94,9 @@ def summary(curves: dict[str, np.ndarray]) -> str:
 
 def plot(curves: dict[str, np.ndarray], path: Path, title: str) -> Path:
     """Two panels against depth, log scale: the residual stream's rms and the input gradient."""
-    from demos.plots import _pyplot
+    from demos.plots import pyplot
 
-    plt = _pyplot()
+    plt = pyplot()
     depths = np.arange(1, len(curves["post_rms"]) + 1)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     panels = (("rms", "residual stream rms(x_L)"), ("grad", "input gradient ‖g0‖"))

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 
-def _pyplot():
+def pyplot():
     try:
         import matplotlib
     except ImportError as err:
@@ -22,7 +22,7 @@ def _pyplot():
 
 def loss_curve(losses: Sequence[float], path: str | Path, title: str) -> Path:
     """One training run's loss per update."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(range(len(losses)), losses, lw=1)
     ax.set(xlabel="update", ylabel="label-smoothed loss", title=title)
@@ -37,7 +37,7 @@ def loss_curves(
     runs: Mapping[str, Sequence[Sequence[float]]], path: str | Path, title: str
 ) -> Path:
     """Several labelled groups of runs (one group per setting, one curve per seed)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for colour, (label, group) in enumerate(runs.items()):
         for k, losses in enumerate(group):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+import oracle
 from demos.args import (
     add_model_args,
     fraction,
@@ -285,47 +286,24 @@ def configure_translate(parser: argparse.ArgumentParser) -> None:
     add_runtime_args(parser)
 
 
-@torch.no_grad()
 def beam_hypotheses(
-    model, src: torch.Tensor, beam: int, max_len: int, length_penalty: float
+    model_dir: str, src: torch.Tensor, beam: int, max_len: int, length_penalty: float
 ) -> list[tuple[list[int], float]]:
-    """Every finished hypothesis of CONTRACT.md's pinned beam search on one source row, best first.
+    """Every finished hypothesis of CONTRACT.md's pinned beam search on one source row, best first
+    (the earliest finished first on ties), answer tokens without eos.
 
-    translate() returns only the winner; this walks the same search through encode/decode_step to
-    show the scores of the ones it beat.
+    translate() returns only the winner; the oracle's beam search on the saved weights shows the
+    scores of the ones it beat.
     """
-    was_training = model.training
-    model.eval()
-    src = src.reshape(1, -1)
+    params = oracle.read_state_dict(model_dir)
+    src = src.reshape(1, -1).cpu().numpy()
     mask = src != addition.PAD
-    memory = model.encode(src, mask)
-    live = [((), 0.0, model.init_state(mask))]
-    finished: list[tuple[list[int], float]] = []
-    for _ in range(max_len):
-        candidates = []
-        for tokens, logp, state in live:
-            prev = tokens[-1] if tokens else addition.BOS
-            logits, new_state = model.decode_step(
-                torch.tensor([prev], device=src.device), memory, state
-            )
-            top = torch.log_softmax(logits[0], -1).topk(beam)
-            for lp, tok in zip(top.values.tolist(), top.indices.tolist(), strict=True):
-                candidates.append(((*tokens, tok), logp + lp, new_state))
-        candidates.sort(key=lambda c: -c[1])  # stable: live order, then token rank
-        live = []
-        for tokens, logp, state in candidates:
-            if tokens[-1] == addition.EOS:
-                finished.append((list(tokens[:-1]), logp / len(tokens) ** length_penalty))
-            else:
-                live.append((tokens, logp, state))
-            if len(live) == beam:
-                break
-        if len(finished) >= beam or not live:
-            break
-    if not finished:
-        finished = [(list(t), lp / len(t) ** length_penalty) for t, lp, _ in live]
-    model.train(was_training)
-    return sorted(finished, key=lambda f: -f[1])
+    memory = oracle.encode(params, src, mask)
+    finished = oracle.beam_search(
+        params, memory, mask, addition.BOS, addition.EOS, max_len, beam, length_penalty
+    )
+    ranked = sorted(finished, key=lambda h: -h.score)  # stable: ties keep the finishing order
+    return [([t for t in h.tokens if t != addition.EOS], h.score) for h in ranked]
 
 
 def run_translate(args: argparse.Namespace) -> int:
@@ -361,7 +339,7 @@ def translate_one(args: argparse.Namespace) -> int:
     if args.beam > 1:
         print(f"beam {args.beam}, length penalty {args.length_penalty}: finished hypotheses")
         for hyp, score in beam_hypotheses(
-            model, src[0], args.beam, digits + 2, args.length_penalty
+            args.dir, src[0], args.beam, digits + 2, args.length_penalty
         ):
             mark = "  <- translate's answer" if hyp == tokens else ""
             print(f"  {score:10.4f}  {addition.decode_answer(hyp) or '(empty)'}{mark}")

@@ -69,7 +69,8 @@ def test_translate_prints_the_answer_and_the_beams_scores(trained, capsys):
 
 
 def test_beam_hypotheses_winner_is_translates_answer(trained):
-    # law: the demo's walk of the pinned search and impl's translate pick the same winner
+    # law: the oracle's pinned search (which the demo prints) and impl's translate pick the same
+    # winner on the same saved weights
     from demos.train import beam_hypotheses
     from impl.transformer import load_transformer, translate
     from tasks import addition
@@ -78,7 +79,7 @@ def test_beam_hypotheses_winner_is_translates_answer(trained):
     src = addition.encode_sources(_held_out(2, 40, 1)[:10], 2)
     answers = translate(model, src, addition.BOS, addition.EOS, addition.PAD, 4, beam_size=3)
     for row, answer in zip(src, answers, strict=True):
-        assert beam_hypotheses(model, row, 3, 4, 1.0)[0][0] == answer
+        assert beam_hypotheses(str(trained), row, 3, 4, 1.0)[0][0] == answer
 
 
 @pytest.mark.parametrize(
