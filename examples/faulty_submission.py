@@ -1,522 +1,365 @@
-# An example student submission with one fault, for the grading walkthrough (docs/grading.md):
-# the torch copy (impl/torch_copy.py) with the cross-attention reading source padding
-# (memory_key_padding_mask dropped in decode), the pitfall of mutant s06.
-"""The contract (CONTRACT.md) built from torch's own layers: a second, independent correct subject.
+"""A student's transformer.py: the encoder-decoder Transformer of Vaswani et al. (2017) in plain
+torch, written to the course contract (CONTRACT.md).
 
-The stacks are nn.TransformerEncoder / nn.TransformerDecoder of batch_first
-nn.TransformerEncoderLayer / nn.TransformerDecoderLayer (norm_first for pre-LN), so
-named_parameters() carry torch's names (`encoder.layers.0.self_attn.in_proj_weight`, ...),
-while state_dict() / load_state_dict() speak the contract's names
-(`encoder.0.self_attn.q_proj.weight`).
-Nothing here is shared with impl/transformer.py: agreement between the two is evidence, not an echo.
-
-decode_step deliberately recomputes the whole prefix through torch's stacks (torch's layers have no
-KV cache), so comparing impl's cached decoding with this copy checks impl's cache independently.
-
-In eval mode under no_grad torch runs fused kernels (_transformer_encoder_layer_fwd,
-_native_multi_head_attention) in float32 and float64 alike; with enable_nested_tensor=False the
-encoder never packs rows into nested tensors, so padded rows stay dense (their values are outside
-the contract). Real rows agree with the slow path within 2e-15 in float64 (a test checks 1e-12).
+The example submission of README.md's grading walkthrough. It has exactly one fault, planted on
+purpose and marked FAULT below: the decoder's cross-attention does not mask source padding, so
+every target position also reads the padded source positions. The encoder masks them correctly.
 """
 
-from __future__ import annotations
-
-import dataclasses
 import json
 import math
-import os
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from torch import Tensor, nn
-
-NORMS = ("post", "pre")
+from torch import nn
 
 
 @dataclass
 class TransformerConfig:
-    """The contract's configuration (CONTRACT.md, TransformerConfig)."""
-
-    src_vocab: int  # source vocabulary size
-    tgt_vocab: int  # target vocabulary size
-    d_model: int = 512  # model width d
-    n_heads: int = 8  # attention heads h; d_model % n_heads == 0
-    d_ff: int = 2048  # feed-forward width
-    n_enc: int = 6  # encoder layers
-    n_dec: int = 6  # decoder layers
-    dropout: float = 0.1  # embeddings, sublayer outputs, attention weights, inside FF
-    norm: Literal["post", "pre"] = "post"  # LN(x + F(x)) or x + F(LN(x)) plus a final LN
-    tie_embeddings: bool = True  # share embedding tables and the output layer
-    max_len: int = 256  # longest sequence accepted
-    ln_eps: float = 1e-5  # LayerNorm epsilon
-
-    def __post_init__(self) -> None:
-        if self.norm not in NORMS:
-            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
-        if self.d_model % self.n_heads != 0:
-            raise ValueError(
-                f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})"
-            )
+    src_vocab: int
+    tgt_vocab: int
+    d_model: int = 512
+    n_heads: int = 8
+    d_ff: int = 2048
+    n_enc: int = 6
+    n_dec: int = 6
+    dropout: float = 0.1
+    norm: str = "post"  # "post": LN(x + F(x)); "pre": x + F(LN(x)) and one LN after each stack
+    tie_embeddings: bool = True
+    max_len: int = 256
+    ln_eps: float = 1e-5
 
 
-def _as_config(cfg: Any) -> TransformerConfig:
-    """Any object with the TransformerConfig attributes (or a dict of them) as our dataclass."""
-    names = [f.name for f in dataclasses.fields(TransformerConfig)]
-    if isinstance(cfg, Mapping):
-        return TransformerConfig(**{k: cfg[k] for k in names if k in cfg})
-    return TransformerConfig(**{k: getattr(cfg, k) for k in names if hasattr(cfg, k)})
+def sinusoids(positions, d):
+    """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)) (section 3.5)."""
+    two_i = torch.arange(0, d, 2, dtype=torch.float64, device=positions.device)
+    angles = positions.double()[:, None] / 10000.0 ** (two_i / d)  # [L, ceil(d/2)]
+    pe = torch.zeros(len(positions), d, dtype=torch.float64, device=positions.device)
+    pe[:, 0::2] = angles.sin()
+    pe[:, 1::2] = angles.cos()[:, : d // 2]
+    return pe
 
 
-def positional_encoding(length: int, d: int, dtype: torch.dtype, device: Any = None) -> Tensor:
-    """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)) (paper, 3.5).
+def check_ids(ids, mask, name, max_len):
+    """Padding masks are bool, shaped like their ids, and no sequence is over max_len."""
+    if not torch.is_tensor(mask) or mask.dtype != torch.bool:
+        raise TypeError(f"{name}_mask must be a bool tensor, got {getattr(mask, 'dtype', mask)}")
+    if mask.shape != ids.shape:
+        raise ValueError(f"{name}_mask has shape {tuple(mask.shape)} but {name} {tuple(ids.shape)}")
+    if ids.shape[1] > max_len:
+        raise ValueError(f"{name} has length {ids.shape[1]}, more than max_len={max_len}")
 
-    Computed in float64 on every call and only then cast, so a float64 model gets exact values
-    (a float32 buffer promoted by .double() would not).
-    """
-    p = torch.arange(length, dtype=torch.float64, device=device)[:, None]  # [T, 1]
-    two_i = torch.arange(0, d, 2, dtype=torch.float64, device=device)  # [ceil(d/2)]
-    angle = p / torch.pow(10000.0, two_i / d)  # [T, ceil(d/2)]
-    pe = torch.empty(length, d, dtype=torch.float64, device=device)
-    pe[:, 0::2] = torch.sin(angle)
-    pe[:, 1::2] = torch.cos(angle[:, : d // 2])
-    return pe.to(dtype)
+
+def check_source_mask(src_mask):
+    if not torch.is_tensor(src_mask) or src_mask.dtype != torch.bool:
+        raise TypeError(f"src_mask must be a bool tensor, got {getattr(src_mask, 'dtype', None)}")
+    if not src_mask.any(dim=1).all():
+        empty = (~src_mask.any(dim=1)).nonzero().flatten().tolist()
+        raise ValueError(f"source rows {empty} have no real token")
+
+
+def split_heads(x, h):
+    B, L, d = x.shape
+    return x.view(B, L, h, d // h).transpose(1, 2)  # [B, h, L, d_k]
+
+
+class MultiHeadAttention(nn.Module):
+    """Concat(head_1..head_h) W^O, head_i = softmax(Q_i K_i^T / sqrt(d_k) + mask) V_i (3.2)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        d = cfg.d_model
+        self.h = cfg.n_heads
+        self.q_proj, self.k_proj, self.v_proj, self.out_proj = (nn.Linear(d, d) for _ in range(4))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def keys_values(self, x):
+        return split_heads(self.k_proj(x), self.h), split_heads(self.v_proj(x), self.h)
+
+    def forward(self, x, memory=None, allowed=None, kv=None):
+        """x [B, T, d] attends to memory [B, S, d], or to given heads kv; allowed [B, 1|T, S]."""
+        k, v = self.keys_values(memory) if kv is None else kv
+        q = split_heads(self.q_proj(x), self.h)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [B, h, T, S]
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+        heads = self.drop(scores.softmax(dim=-1)) @ v  # [B, h, T, d_k]
+        B, _, T, _ = heads.shape
+        return self.out_proj(heads.transpose(1, 2).reshape(B, T, -1))
+
+
+class Layer(nn.Module):
+    """What encoder and decoder layers share: the residual sublayer and the feed-forward net."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.pre_ln = cfg.norm == "pre"
+        self.linear1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.linear2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def feed_forward(self, x):
+        return self.linear2(self.drop(F.relu(self.linear1(x))))
+
+    def sublayer(self, x, f, norm):
+        """post-LN: LN(x + Dropout(f(x))); pre-LN: x + Dropout(f(LN(x)))."""
+        if self.pre_ln:
+            return x + self.drop(f(norm(x)))
+        return norm(x + self.drop(f(x)))
+
+
+class EncoderLayer(Layer):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.self_attn = MultiHeadAttention(cfg)
+        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+
+    def forward(self, x, src_allowed):
+        x = self.sublayer(x, lambda z: self.self_attn(z, z, src_allowed), self.norm1)
+        return self.sublayer(x, self.feed_forward, self.norm2)
+
+
+class DecoderLayer(Layer):
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.self_attn = MultiHeadAttention(cfg)
+        self.cross_attn = MultiHeadAttention(cfg)
+        self.norm1, self.norm2, self.norm3 = (
+            nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) for _ in range(3)
+        )
+
+    def forward(self, y, memory, tgt_allowed, src_allowed, past=None):
+        """y [B, T, d] -> (output, self-attention keys and values of every position so far).
+
+        `past` holds the keys and values of the positions before y (decoding with a cache).
+        """
+        cache = []
+
+        def self_attention(z):
+            k, v = self.self_attn.keys_values(z)
+            if past is not None:
+                k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+            cache.append((k, v))
+            return self.self_attn(z, kv=(k, v), allowed=tgt_allowed)
+
+        y = self.sublayer(y, self_attention, self.norm1)
+        # FAULT: src_allowed should be passed here; without it the padded source positions of
+        # memory are read like real tokens.
+        y = self.sublayer(y, lambda z: self.cross_attn(z, memory), self.norm2)
+        return self.sublayer(y, self.feed_forward, self.norm3), cache[0]
 
 
 @dataclass(frozen=True)
 class DecodeState:
-    """The decoding position, the source mask and the prefix fed so far (bos first).
+    pos: int  # the position the next decode_step computes
+    src_mask: torch.Tensor  # [B, S]
+    kv: tuple  # per decoder layer: self-attention (keys, values) [B, h, pos, d_k], or None
 
-    No KV cache: decode_step re-runs the prefix through torch's stacks.
-    """
-
-    pos: int
-    src_mask: Tensor  # [B, S] bool
-    prefix: Tensor  # [B, pos] long
-
-    def select(self, rows: Tensor) -> DecodeState:
-        """The state of the given batch rows (beam search reorders hypotheses)."""
-        return DecodeState(self.pos, self.src_mask[rows], self.prefix[rows])
-
-
-def _check_ids_and_mask(ids: Tensor, mask: Tensor, what: str, max_len: int) -> None:
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool:
-        got = mask.dtype if isinstance(mask, Tensor) else type(mask).__name__
-        raise TypeError(f"{what}_mask must be a bool tensor (True = real token), got {got}")
-    if ids.dim() != 2:
-        raise ValueError(f"{what} ids must be [B, L], got shape {tuple(ids.shape)}")
-    if mask.shape != ids.shape:
-        raise ValueError(
-            f"{what}_mask shape {tuple(mask.shape)} differs from {what} ids {tuple(ids.shape)}"
-        )
-    if ids.shape[1] > max_len:
-        raise ValueError(f"{what} length {ids.shape[1]} exceeds max_len {max_len}")
-
-
-def _check_src_mask(src_mask: Tensor) -> None:
-    if not isinstance(src_mask, Tensor) or src_mask.dtype != torch.bool:
-        got = src_mask.dtype if isinstance(src_mask, Tensor) else type(src_mask).__name__
-        raise TypeError(f"src_mask must be a bool tensor (True = real token), got {got}")
-    if src_mask.dim() != 2:
-        raise ValueError(f"src_mask must be [B, S], got shape {tuple(src_mask.shape)}")
-    empty = (~src_mask.any(dim=1)).nonzero().flatten().tolist()
-    if empty:
-        raise ValueError(f"source rows {empty} have no real token (src_mask all False)")
+    def select(self, rows):
+        """The state of hypotheses `rows` (beam search keeps some and repeats others)."""
+        kv = tuple((k[rows], v[rows]) for k, v in self.kv)
+        return DecodeState(self.pos, self.src_mask[rows], kv)
 
 
 class Transformer(nn.Module):
-    """Encoder-decoder Transformer (Vaswani et al. 2017, section 3) on torch's layers."""
-
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg):
         super().__init__()
-        cfg = _as_config(cfg)
+        if cfg.norm not in ("post", "pre"):
+            raise ValueError(f"norm must be 'post' or 'pre', got {cfg.norm!r}")
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
         self.cfg = cfg
         d = cfg.d_model
         self.src_emb = nn.Embedding(cfg.src_vocab, d)
-        # Tying (CONTRACT.md): equal vocabularies share one table for everything; unequal ones
-        # share the target table with the output layer. A tied table is registered once.
-        self._one_table = cfg.tie_embeddings and cfg.src_vocab == cfg.tgt_vocab
-        if not self._one_table:
+        tables = [self.src_emb]
+        if not (cfg.tie_embeddings and cfg.src_vocab == cfg.tgt_vocab):
             self.tgt_emb = nn.Embedding(cfg.tgt_vocab, d)
-        pre = cfg.norm == "pre"
-        layer_args = dict(
-            d_model=d,
-            nhead=cfg.n_heads,
-            dim_feedforward=cfg.d_ff,
-            dropout=cfg.dropout,
-            activation="relu",
-            layer_norm_eps=cfg.ln_eps,
-            batch_first=True,
-            norm_first=pre,
-        )
-        self.encoder = nn.TransformerEncoder(
-            nn.TransformerEncoderLayer(**layer_args),
-            cfg.n_enc,
-            norm=nn.LayerNorm(d, eps=cfg.ln_eps) if pre else None,
-            enable_nested_tensor=False,
-        )
-        self.decoder = nn.TransformerDecoder(
-            nn.TransformerDecoderLayer(**layer_args),
-            cfg.n_dec,
-            norm=nn.LayerNorm(d, eps=cfg.ln_eps) if pre else None,
-        )
+            tables.append(self.tgt_emb)
+        for table in tables:  # N(0, 1/d): E * sqrt(d) then has the scale of PE
+            nn.init.normal_(table.weight, std=d**-0.5)
         if not cfg.tie_embeddings:
             self.out = nn.Linear(d, cfg.tgt_vocab, bias=False)
-        self.emb_dropout = nn.Dropout(cfg.dropout)
-        # The stacks deep-copy one layer; fresh draws per matrix make the layers differ.
-        for p in [*self.encoder.parameters(), *self.decoder.parameters()]:
-            if p.dim() > 1:
-                nn.init.xavier_uniform_(p)
-        # Embedding tables start at N(0, 1/d), so E * sqrt(d) has the unit scale of PE.
-        for table in self._tables():
-            nn.init.normal_(table, std=d**-0.5)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_enc))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_dec))
+        if cfg.norm == "pre":
+            self.enc_norm = nn.LayerNorm(d, eps=cfg.ln_eps)
+            self.dec_norm = nn.LayerNorm(d, eps=cfg.ln_eps)
+        self.drop = nn.Dropout(cfg.dropout)
 
-    def _tables(self) -> list[Tensor]:
-        return [self.src_emb.weight] + ([] if self._one_table else [self.tgt_emb.weight])
+    def tgt_table(self):
+        return self.tgt_emb.weight if hasattr(self, "tgt_emb") else self.src_emb.weight
 
-    def _tgt_table(self) -> Tensor:
-        return self.src_emb.weight if self._one_table else self.tgt_emb.weight
-
-    def _out_weight(self) -> Tensor:
-        return self.out.weight if not self.cfg.tie_embeddings else self._tgt_table()
-
-    def _embed(self, ids: Tensor, table: Tensor) -> Tensor:
-        """x0 = E[ids] * sqrt(d) + PE (paper, 3.4 and 3.5), then dropout."""
+    def embed(self, ids, table, start=0):
+        """E[ids] * sqrt(d_model) + PE, positions from `start` (sections 3.4 and 3.5)."""
         d = self.cfg.d_model
-        x = F.embedding(ids, table) * math.sqrt(d)  # [B, L, d]
-        return self.emb_dropout(x + positional_encoding(ids.shape[1], d, x.dtype, x.device))
+        x = F.embedding(ids, table) * math.sqrt(d)
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device)
+        return self.drop(x + sinusoids(positions, d).to(x.dtype))
 
-    # --- the contract's forward computation -------------------------------------------------
+    def logits(self, y):
+        if self.cfg.norm == "pre":
+            y = self.dec_norm(y)
+        return F.linear(y, self.out.weight if hasattr(self, "out") else self.tgt_table())
 
-    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
-        """memory [B, S, d]: the encoder stack over the source; padding keys are ignored."""
-        _check_ids_and_mask(src, src_mask, "src", self.cfg.max_len)
-        _check_src_mask(src_mask)
-        x = self._embed(src, self.src_emb.weight)
-        # torch's key_padding_mask says True = ignore: the negation of ours.
-        return self.encoder(x, src_key_padding_mask=~src_mask)
+    def encode(self, src, src_mask):
+        check_ids(src, src_mask, "src", self.cfg.max_len)
+        check_source_mask(src_mask)
+        x = self.embed(src, self.src_emb.weight)
+        for layer in self.encoder:
+            x = layer(x, src_mask[:, None, :])
+        return self.enc_norm(x) if self.cfg.norm == "pre" else x
 
-    def decode(self, tgt_in: Tensor, memory: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
-        """logits [B, T, V_tgt] = decoder(tgt_in, memory) @ W_out^T, causal and padding masked."""
-        _check_ids_and_mask(tgt_in, tgt_mask, "tgt", self.cfg.max_len)
-        _check_src_mask(src_mask)
-        B, T = tgt_in.shape
-        if memory.dim() != 3 or memory.shape[:2] != src_mask.shape:
+    def decode(self, tgt_in, memory, src_mask, tgt_mask):
+        check_ids(tgt_in, tgt_mask, "tgt", self.cfg.max_len)
+        check_source_mask(src_mask)
+        if memory.shape[0] != tgt_in.shape[0] or memory.shape[:2] != src_mask.shape:
             raise ValueError(
-                f"memory shape {tuple(memory.shape)} does not match src_mask "
-                f"{tuple(src_mask.shape)} as [B, S, d]"
+                f"memory {tuple(memory.shape)}, src_mask {tuple(src_mask.shape)} and tgt_in "
+                f"{tuple(tgt_in.shape)} do not agree on the batch size and source length"
             )
-        if memory.shape[0] != B:
-            raise ValueError(f"batch sizes differ: tgt_in has {B} rows, memory {memory.shape[0]}")
-        if T and not bool(tgt_mask[:, 0].all()):
-            bad = (~tgt_mask[:, 0]).nonzero().flatten().tolist()
-            raise ValueError(f"target rows {bad} have padding at position 0 (bos must be real)")
-        y = self._embed(tgt_in, self._tgt_table())
-        # Both masks bool (True = ignore) so torch sees one mask dtype and does not warn.
-        causal = torch.ones(T, T, dtype=torch.bool, device=tgt_in.device).triu(1)  # key j > t
-        y = self.decoder(
-            y,
-            memory,
-            tgt_mask=causal,
-            tgt_key_padding_mask=~tgt_mask,
-        )
-        return y @ self._out_weight().T  # [B, T, V_tgt]
+        if not tgt_mask[:, 0].all():
+            raise ValueError("every target row must start with a real token (bos)")
+        T = tgt_in.shape[1]
+        causal = torch.ones(T, T, dtype=torch.bool, device=tgt_in.device).tril()
+        allowed = causal[None] & tgt_mask[:, None, :]  # [B, T, T]: key j <= t and real
+        y = self.embed(tgt_in, self.tgt_table())
+        for layer in self.decoder:
+            y, _ = layer(y, memory, allowed, src_mask[:, None, :])
+        return self.logits(y)
 
-    def forward(self, src: Tensor, tgt_in: Tensor, src_mask: Tensor, tgt_mask: Tensor) -> Tensor:
-        """logits = decode(tgt_in, encode(src, src_mask), src_mask, tgt_mask)."""
-        if src.shape[0] != tgt_in.shape[0]:
-            raise ValueError(
-                f"batch sizes differ: src has {src.shape[0]}, tgt_in {tgt_in.shape[0]}"
-            )
+    def forward(self, src, tgt_in, src_mask, tgt_mask):
         return self.decode(tgt_in, self.encode(src, src_mask), src_mask, tgt_mask)
 
-    def init_state(self, src_mask: Tensor) -> DecodeState:
-        """The state before bos: position 0, an empty prefix."""
-        _check_src_mask(src_mask)
-        empty = torch.empty(src_mask.shape[0], 0, dtype=torch.long, device=src_mask.device)
-        return DecodeState(0, src_mask, empty)
+    def init_state(self, src_mask):
+        check_source_mask(src_mask)
+        return DecodeState(0, src_mask, (None,) * self.cfg.n_dec)
 
-    def decode_step(
-        self, y_prev: Tensor, memory: Tensor, state: DecodeState
-    ) -> tuple[Tensor, DecodeState]:
-        """Logits [B, V_tgt] of the state's position, by recomputing the whole prefix."""
-        B = state.prefix.shape[0]
-        if y_prev.shape != (B,):
-            raise ValueError(f"y_prev must be [B] = [{B}], got shape {tuple(y_prev.shape)}")
-        prefix = torch.cat([state.prefix, y_prev[:, None].to(state.prefix)], dim=1)  # new tensor
-        full = torch.ones_like(prefix, dtype=torch.bool)
-        logits = self.decode(prefix, memory, state.src_mask, full)[:, -1]
-        return logits, DecodeState(state.pos + 1, state.src_mask, prefix)
-
-    # --- state_dict in the contract's names -------------------------------------------------
-
-    def _contract_views(self) -> dict[str, tuple[str, slice | None]]:
-        """contract name -> (torch parameter name, rows of it), in named_parameters order."""
-        d = self.cfg.d_model
-        views: dict[str, tuple[str, slice | None]] = {}
-        for name, _ in self.named_parameters():
-            stack, _, rest = name.partition(".")
-            if stack in ("encoder", "decoder"):
-                if rest.startswith("norm."):  # pre-LN's final LayerNorm
-                    views[f"{stack[:3]}_norm.{rest[5:]}"] = (name, None)
-                    continue
-                # layers.{i}.<sub> -> {i}.<sub>; torch's cross-attention is multihead_attn
-                contract = f"{stack}.{rest[len('layers.') :]}".replace(
-                    "multihead_attn", "cross_attn"
-                )
-                head, _, leaf = contract.rpartition(".")
-                if leaf.startswith("in_proj_"):  # q, k, v stacked in that order
-                    kind = leaf[len("in_proj_") :]
-                    for j, proj in enumerate(("q_proj", "k_proj", "v_proj")):
-                        views[f"{head}.{proj}.{kind}"] = (name, slice(j * d, (j + 1) * d))
-                    continue
-                views[contract] = (name, None)
-            else:
-                views[name] = (name, None)
-        return views
-
-    def state_dict(
-        self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
-    ) -> dict[str, Tensor]:
-        """The contract's names (CONTRACT.md, "state_dict names"); q/k/v are views of in_proj."""
-        if args:
-            raise TypeError("state_dict takes keyword arguments only")
-        params = dict(self.named_parameters())
-        out = {} if destination is None else destination
-        for contract, (name, rows) in self._contract_views().items():
-            p = params[name] if keep_vars else params[name].detach()
-            out[prefix + contract] = p if rows is None else p[rows]
-        return out
-
-    def load_state_dict(
-        self, state_dict: Mapping[str, Tensor], strict: bool = True, assign: bool = False
-    ) -> Any:
-        """Load a contract-named state_dict; strict: missing or unexpected names raise."""
-        if assign:
-            raise ValueError("assign=True is not supported: q/k/v are rows of torch's in_proj")
-        views = self._contract_views()
-        missing = [k for k in views if k not in state_dict]
-        unexpected = [k for k in state_dict if k not in views]
-        if strict and (missing or unexpected):
-            raise RuntimeError(
-                f"Error(s) in loading state_dict for torch_copy.Transformer: "
-                f"missing keys {missing}, unexpected keys {unexpected}"
-            )
-        params = dict(self.named_parameters())
-        with torch.no_grad():
-            for contract, (name, rows) in views.items():
-                if contract not in state_dict:
-                    continue
-                target = params[name] if rows is None else params[name][rows]
-                value = torch.as_tensor(state_dict[contract])
-                if value.shape != target.shape:
-                    raise RuntimeError(
-                        f"{contract}: shape {tuple(value.shape)} in the state_dict, "
-                        f"expected {tuple(target.shape)}"
-                    )
-                target.copy_(value)
-        return nn.modules.module._IncompatibleKeys(missing, unexpected)
+    def decode_step(self, y_prev, memory, state):
+        """Logits [B, V] of position state.pos, whose input token is y_prev [B]."""
+        if y_prev.shape != state.src_mask.shape[:1]:
+            raise ValueError(f"y_prev must have shape [{len(state.src_mask)}], got {y_prev.shape}")
+        if state.pos >= self.cfg.max_len:
+            raise ValueError(f"position {state.pos} is past max_len={self.cfg.max_len}")
+        y = self.embed(y_prev[:, None], self.tgt_table(), start=state.pos)  # [B, 1, d]
+        kv = []
+        for layer, past in zip(self.decoder, state.kv, strict=True):
+            y, layer_kv = layer(y, memory, None, state.src_mask[:, None, :], past)
+            kv.append(layer_kv)
+        return self.logits(y)[:, 0], DecodeState(state.pos + 1, state.src_mask, tuple(kv))
 
 
-# --- training --------------------------------------------------------------------------------
+def label_smoothed_loss(logits, targets, eps, pad_id):
+    """Mean over non-pad targets of -sum_j q_j log p_j, q = (1 - eps) onehot(t) + eps / V."""
+    logp = logits.log_softmax(dim=-1)
+    real = targets != pad_id
+    nll = -logp.gather(-1, torch.where(real, targets, 0)[..., None])[..., 0]
+    loss = (1 - eps) * nll - eps * logp.mean(dim=-1)
+    return (loss * real).sum() / real.sum()
 
 
-def label_smoothed_loss(logits: Tensor, targets: Tensor, eps: float, pad_id: int) -> Tensor:
-    """mean over non-pad targets of -sum_j q_j log p_j, q = (1 - eps) onehot(t) + eps / V.
-
-    torch's cross_entropy with label_smoothing mixes in eps / V over every class and, with
-    ignore_index, drops pad targets from both terms and from the mean's count: the contract's rule.
-    """
-    V = logits.shape[-1]
-    if logits.shape[:-1] != targets.shape:
-        raise ValueError(
-            f"targets shape {tuple(targets.shape)} does not match logits {tuple(logits.shape)}"
-        )
-    return F.cross_entropy(
-        logits.reshape(-1, V), targets.reshape(-1), ignore_index=pad_id, label_smoothing=eps
-    )
-
-
-def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> float:
-    """factor * d^-1/2 * min(n^-1/2, n * warmup^-3/2), n = step + 1 (paper, 5.3)."""
-    if step < 0 or warmup < 1:
-        raise ValueError(f"need step >= 0 and warmup >= 1, got step={step}, warmup={warmup}")
+def noam_rate(step, d_model, warmup, factor=1.0):
+    """factor * d^-0.5 * min(n^-0.5, n * warmup^-1.5), n = step + 1 (section 5.3)."""
     n = step + 1
     return factor * d_model**-0.5 * min(n**-0.5, n * warmup**-1.5)
 
 
-def make_optimizer(model: nn.Module) -> torch.optim.Adam:
-    """Adam with beta (0.9, 0.98), epsilon 1e-9, no weight decay (paper, 5.3)."""
-    return torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
+def make_optimizer(model):
+    return torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9)
 
 
-def fit(
-    model: Transformer,
-    src: Tensor,
-    tgt: Tensor,
-    steps: int,
-    batch: int,
-    pad_id: int,
-    warmup: int = 4000,
-    factor: float = 1.0,
-    smoothing: float = 0.1,
-    lr: float | None = None,
-    seed: int = 0,
-    callback: Callable[[int, float, float], None] | None = None,
-) -> list[float]:
-    """`steps` Adam updates with teacher forcing: read tgt[:, :-1], predict tgt[:, 1:].
-
-    Batches come from shuffles drawn with `seed`; dropout draws from the global generator seeded
-    with `seed` inside a fork, so the caller's random state is left as it was.
-    """
-    if src.shape[0] != tgt.shape[0]:
-        raise ValueError(f"batch sizes differ: src has {src.shape[0]} rows, tgt {tgt.shape[0]}")
-    if steps < 0 or batch < 1:
-        raise ValueError(f"need steps >= 0 and batch >= 1, got steps={steps}, batch={batch}")
-    n_rows = src.shape[0]
-    batch = min(batch, n_rows)
-    optimizer = make_optimizer(model)
+def fit(model, src, tgt, steps, batch, pad_id, warmup=4000, factor=1.0, smoothing=0.1, lr=None,
+        seed=0, callback=None):  # fmt: skip
+    """`steps` Adam updates on shuffled batches: read tgt[:, :-1], predict tgt[:, 1:]."""
+    torch.manual_seed(seed)  # dropout: the same seed gives the same losses
     shuffle = torch.Generator().manual_seed(seed)
-    order = torch.empty(0, dtype=torch.long)
+    optimizer = make_optimizer(model)
     was_training = model.training
     model.train()
-    losses: list[float] = []
-    try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            for step in range(steps):
-                if order.numel() < batch:  # an epoch ends; its tail shorter than a batch is dropped
-                    order = torch.randperm(n_rows, generator=shuffle)
-                rows, order = order[:batch], order[batch:]
-                rate = lr if lr is not None else noam_rate(step, model.cfg.d_model, warmup, factor)
-                for group in optimizer.param_groups:
-                    group["lr"] = rate
-                s, t = src[rows], tgt[rows]
-                tgt_in, tgt_out = t[:, :-1], t[:, 1:]
-                logits = model(s, tgt_in, s != pad_id, tgt_in != pad_id)
-                loss = label_smoothed_loss(logits, tgt_out, smoothing, pad_id)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                losses.append(loss.item())
-                if callback is not None:
-                    callback(step, rate, losses[-1])
-    finally:
-        model.train(was_training)
+    losses, queue = [], []
+    for step in range(steps):
+        if len(queue) < batch:  # a new epoch; the last short batch of the old one is dropped
+            queue = torch.randperm(len(src), generator=shuffle)
+        rows, queue = queue[:batch], queue[batch:]
+        rate = lr if lr is not None else noam_rate(step, model.cfg.d_model, warmup, factor)
+        for group in optimizer.param_groups:
+            group["lr"] = rate
+        x, y = src[rows], tgt[rows]
+        logits = model(x, y[:, :-1], x != pad_id, y[:, :-1] != pad_id)
+        loss = label_smoothed_loss(logits, y[:, 1:], smoothing, pad_id)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        if callback is not None:
+            callback(step, rate, losses[-1])
+    model.train(was_training)
     return losses
 
 
-# --- inference -------------------------------------------------------------------------------
-
-
-def _beam_search(
-    model: Transformer,
-    memory: Tensor,
-    src_mask: Tensor,
-    bos: int,
-    eos: int,
-    max_len: int,
-    beam_size: int,
-    length_penalty: float,
-) -> list[int]:
+def beam_search(model, memory, src_mask, bos, eos, max_len, beam_size, length_penalty):
     """CONTRACT.md's pinned beam search for one source row (memory [1, S, d])."""
-    live: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
+    hyps = [((), 0.0)]  # live hypotheses: (tokens, log-probability)
+    done = []  # finished: (score, tokens with eos)
     state = model.init_state(src_mask)
-    y_prev = torch.tensor([bos], device=memory.device)
-    finished: list[tuple[float, tuple[int, ...]]] = []
     for _ in range(max_len):
-        n_live = len(live)
-        logits, state = model.decode_step(y_prev, memory.expand(n_live, -1, -1), state)
-        logp = F.log_softmax(logits.double(), dim=-1)  # [n_live, V]
-        # each hypothesis's beam_size best tokens, ties to the lower id (a stable sort)
-        top_logp, top_tok = torch.sort(logp, dim=-1, descending=True, stable=True)
-        candidates = [
-            (live[i][1] + top_logp[i, r].item(), i, int(top_tok[i, r]))
-            for i in range(n_live)
-            for r in range(min(beam_size, logp.shape[1]))
-        ]
-        candidates.sort(key=lambda c: -c[0])  # stable: live order, then token rank
-        next_live: list[tuple[tuple[int, ...], float]] = []
-        parents: list[int] = []
-        for total, i, tok in candidates:
-            if len(next_live) == beam_size:
+        last = torch.tensor([tokens[-1] if tokens else bos for tokens, _ in hyps])
+        logits, state = model.decode_step(last, memory.expand(len(hyps), -1, -1), state)
+        logp, ids = logits.double().log_softmax(-1).sort(-1, descending=True, stable=True)
+        k = min(beam_size, logp.shape[1])
+        options = [(hyps[i][1] + logp[i, r].item(), i, ids[i, r].item()) for i in range(len(hyps))
+                   for r in range(k)]  # fmt: skip
+        options.sort(key=lambda o: -o[0])  # stable: hypothesis order, then token rank
+        kept, parents = [], []
+        for total, i, token in options:
+            if len(kept) == beam_size:
                 break
-            tokens = live[i][0] + (tok,)
-            if tok == eos:
-                finished.append((total / len(tokens) ** length_penalty, tokens))
+            tokens = hyps[i][0] + (token,)
+            if token == eos:
+                done.append((total / len(tokens) ** length_penalty, tokens))
             else:
-                next_live.append((tokens, total))
+                kept.append((tokens, total))
                 parents.append(i)
-        if len(finished) >= beam_size or not next_live:
+        hyps = kept
+        if len(done) >= beam_size or not hyps:
             break
-        live = next_live
-        state = state.select(torch.tensor(parents, device=memory.device))
-        y_prev = torch.tensor([t[-1] for t, _ in live], device=memory.device)
-    if not finished:  # max_len reached with nothing finished: the live hypotheses finish
-        finished = [(logp_ / max(len(t), 1) ** length_penalty, t) for t, logp_ in live]
-    best = max(range(len(finished)), key=lambda k: (finished[k][0], -k))
-    tokens = list(finished[best][1])
-    return tokens[:-1] if tokens and tokens[-1] == eos else tokens
+        state = state.select(torch.tensor(parents))
+    if not done:
+        done = [(total / max(len(tokens), 1) ** length_penalty, tokens) for tokens, total in hyps]
+    best = max(done, key=lambda d: d[0])[1]  # max keeps the first of equal scores
+    return [token for token in best if token != eos]
 
 
-def translate(
-    model: Transformer,
-    src: Tensor,
-    bos: int,
-    eos: int,
-    pad_id: int,
-    max_len: int,
-    beam_size: int = 1,
-    length_penalty: float = 1.0,
-) -> list[list[int]]:
-    """Beam search per source row (CONTRACT.md, translate); beam_size=1 is greedy argmax."""
-    if beam_size < 1 or max_len < 0:
-        raise ValueError(f"need beam_size >= 1 and max_len >= 0, got {beam_size}, {max_len}")
+def translate(model, src, bos, eos, pad_id, max_len, beam_size=1, length_penalty=1.0):
+    """Beam search for every source row; beam_size=1 is greedy decoding."""
     was_training = model.training
     model.eval()
-    try:
-        with torch.no_grad():
-            src_mask = src != pad_id
-            memory = model.encode(src, src_mask)
-            return [
-                _beam_search(
-                    model,
-                    memory[b : b + 1],
-                    src_mask[b : b + 1],
-                    bos,
-                    eos,
-                    max_len,
-                    beam_size,
-                    length_penalty,
-                )
-                for b in range(src.shape[0])
-            ]
-    finally:
-        model.train(was_training)
+    with torch.no_grad():
+        src_mask = src != pad_id
+        memory = model.encode(src, src_mask)
+        out = [
+            beam_search(model, memory[b : b + 1], src_mask[b : b + 1], bos, eos, max_len,
+                        beam_size, length_penalty)
+            for b in range(len(src))
+        ]  # fmt: skip
+    model.train(was_training)
+    return out
 
 
-# --- checkpoints -----------------------------------------------------------------------------
+def save_transformer(model, dir):
+    path = Path(dir)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(asdict(model.cfg)))
+    save_file(model.state_dict(), path / "model.safetensors")  # a tied table is listed once
 
 
-def save_transformer(model: Transformer, dir: str | os.PathLike[str]) -> None:
-    """config.json (the config's fields) and model.safetensors in the contract's names."""
-    os.makedirs(dir, exist_ok=True)
-    with open(os.path.join(dir, "config.json"), "w") as f:
-        json.dump(dataclasses.asdict(model.cfg), f, indent=2)
-    # q/k/v are views of one in_proj tensor: safetensors refuses shared storage, so copy them.
-    tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, os.path.join(dir, "model.safetensors"))
-
-
-def load_transformer(dir: str | os.PathLike[str]) -> Transformer:
-    """The model save_transformer wrote, in the saved dtype and in eval mode."""
-    with open(os.path.join(dir, "config.json")) as f:
-        cfg = TransformerConfig(**json.load(f))
-    tensors = load_file(os.path.join(dir, "model.safetensors"))
-    model = Transformer(cfg)
-    model.to(next(iter(tensors.values())).dtype)
-    model.load_state_dict(tensors)
-    return model.eval()
+def load_transformer(dir):
+    path = Path(dir)
+    cfg = TransformerConfig(**json.loads((path / "config.json").read_text()))
+    weights = load_file(path / "model.safetensors")
+    model = Transformer(cfg).to(next(iter(weights.values())).dtype)
+    model.load_state_dict(weights)
+    return model

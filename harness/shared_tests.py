@@ -669,7 +669,7 @@ def check_beam_search_matches_oracle(call: Call) -> None:
             scores = sorted((h.score for h in finished), reverse=True)
             if len(scores) > 1 and scores[0] - scores[1] <= BEAM_MARGIN:
                 continue
-            best = list(max(reversed(finished), key=lambda h: h.score).tokens)
+            best = list(oracle.best_hypothesis(finished).tokens)
             want = best[:-1] if best and best[-1] == eos else best
             compared += 1
             if got[row] != want:
