@@ -43,10 +43,14 @@ def sinusoids(positions, d):
     return pe
 
 
+def check_bool(mask, name):
+    if not torch.is_tensor(mask) or mask.dtype != torch.bool:
+        raise TypeError(f"{name} must be a bool tensor, got {getattr(mask, 'dtype', mask)}")
+
+
 def check_ids(ids, mask, name, max_len):
     """Padding masks are bool, shaped like their ids, and no sequence is over max_len."""
-    if not torch.is_tensor(mask) or mask.dtype != torch.bool:
-        raise TypeError(f"{name}_mask must be a bool tensor, got {getattr(mask, 'dtype', mask)}")
+    check_bool(mask, f"{name}_mask")
     if mask.shape != ids.shape:
         raise ValueError(f"{name}_mask has shape {tuple(mask.shape)} but {name} {tuple(ids.shape)}")
     if ids.shape[1] > max_len:
@@ -54,10 +58,9 @@ def check_ids(ids, mask, name, max_len):
 
 
 def check_source_mask(src_mask):
-    if not torch.is_tensor(src_mask) or src_mask.dtype != torch.bool:
-        raise TypeError(f"src_mask must be a bool tensor, got {getattr(src_mask, 'dtype', None)}")
-    if not src_mask.any(dim=1).all():
-        empty = (~src_mask.any(dim=1)).nonzero().flatten().tolist()
+    check_bool(src_mask, "src_mask")
+    empty = (~src_mask.any(dim=1)).nonzero().flatten().tolist()
+    if empty:
         raise ValueError(f"source rows {empty} have no real token")
 
 
@@ -115,8 +118,7 @@ class EncoderLayer(Layer):
     def __init__(self, cfg):
         super().__init__(cfg)
         self.self_attn = MultiHeadAttention(cfg)
-        self.norm1 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
-        self.norm2 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)
+        self.norm1, self.norm2 = (nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps) for _ in range(2))
 
     def forward(self, x, src_allowed):
         x = self.sublayer(x, lambda z: self.self_attn(z, z, src_allowed), self.norm1)
@@ -216,11 +218,9 @@ class Transformer(nn.Module):
     def decode(self, tgt_in, memory, src_mask, tgt_mask):
         check_ids(tgt_in, tgt_mask, "tgt", self.cfg.max_len)
         check_source_mask(src_mask)
-        if memory.shape[0] != tgt_in.shape[0] or memory.shape[:2] != src_mask.shape:
-            raise ValueError(
-                f"memory {tuple(memory.shape)}, src_mask {tuple(src_mask.shape)} and tgt_in "
-                f"{tuple(tgt_in.shape)} do not agree on the batch size and source length"
-            )
+        if memory.shape[:2] != src_mask.shape or len(memory) != len(tgt_in):
+            shapes = [tuple(t.shape) for t in (memory, src_mask, tgt_in)]
+            raise ValueError(f"memory, src_mask and tgt_in disagree on B or S: shapes {shapes}")
         if not tgt_mask[:, 0].all():
             raise ValueError("every target row must start with a real token (bos)")
         T = tgt_in.shape[1]
@@ -271,8 +271,20 @@ def make_optimizer(model):
     return torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9)
 
 
-def fit(model, src, tgt, steps, batch, pad_id, warmup=4000, factor=1.0, smoothing=0.1, lr=None,
-        seed=0, callback=None):  # fmt: skip
+def fit(
+    model,
+    src,
+    tgt,
+    steps,
+    batch,
+    pad_id,
+    warmup=4000,
+    factor=1.0,
+    smoothing=0.1,
+    lr=None,
+    seed=0,
+    callback=None,
+):
     """`steps` Adam updates on shuffled batches: read tgt[:, :-1], predict tgt[:, 1:]."""
     torch.manual_seed(seed)  # dropout: the same seed gives the same losses
     shuffle = torch.Generator().manual_seed(seed)
@@ -302,33 +314,37 @@ def fit(model, src, tgt, steps, batch, pad_id, warmup=4000, factor=1.0, smoothin
 
 def beam_search(model, memory, src_mask, bos, eos, max_len, beam_size, length_penalty):
     """CONTRACT.md's pinned beam search for one source row (memory [1, S, d])."""
-    hyps = [((), 0.0)]  # live hypotheses: (tokens, log-probability)
+    hyps = [((), 0.0, 0)]  # live hypotheses: (tokens, log-probability, parent row)
     done = []  # finished: (score, tokens with eos)
     state = model.init_state(src_mask)
     for _ in range(max_len):
-        last = torch.tensor([tokens[-1] if tokens else bos for tokens, _ in hyps])
+        last = torch.tensor([tokens[-1] if tokens else bos for tokens, *_ in hyps])
         logits, state = model.decode_step(last, memory.expand(len(hyps), -1, -1), state)
-        logp, ids = logits.double().log_softmax(-1).sort(-1, descending=True, stable=True)
+        logp, ids = logits.double().log_softmax(-1).sort(dim=-1, descending=True, stable=True)
         k = min(beam_size, logp.shape[1])
-        options = [(hyps[i][1] + logp[i, r].item(), i, ids[i, r].item()) for i in range(len(hyps))
-                   for r in range(k)]  # fmt: skip
+        options = [
+            (hyps[i][1] + logp[i, r].item(), i, ids[i, r].item())
+            for i in range(len(hyps))
+            for r in range(k)
+        ]
         options.sort(key=lambda o: -o[0])  # stable: hypothesis order, then token rank
-        kept, parents = [], []
+        kept = []
         for total, i, token in options:
+            tokens = hyps[i][0] + (token,)
+            if token != eos:
+                kept.append((tokens, total, i))
+            else:
+                done.append((total / len(tokens) ** length_penalty, tokens))
             if len(kept) == beam_size:
                 break
-            tokens = hyps[i][0] + (token,)
-            if token == eos:
-                done.append((total / len(tokens) ** length_penalty, tokens))
-            else:
-                kept.append((tokens, total))
-                parents.append(i)
         hyps = kept
         if len(done) >= beam_size or not hyps:
             break
-        state = state.select(torch.tensor(parents))
+        state = state.select(torch.tensor([parent for *_, parent in hyps]))
     if not done:
-        done = [(total / max(len(tokens), 1) ** length_penalty, tokens) for tokens, total in hyps]
+        done = [
+            (total / max(len(tokens), 1) ** length_penalty, tokens) for tokens, total, _ in hyps
+        ]
     best = max(done, key=lambda d: d[0])[1]  # max keeps the first of equal scores
     return [token for token in best if token != eos]
 
@@ -340,11 +356,9 @@ def translate(model, src, bos, eos, pad_id, max_len, beam_size=1, length_penalty
     with torch.no_grad():
         src_mask = src != pad_id
         memory = model.encode(src, src_mask)
-        out = [
-            beam_search(model, memory[b : b + 1], src_mask[b : b + 1], bos, eos, max_len,
-                        beam_size, length_penalty)
-            for b in range(len(src))
-        ]  # fmt: skip
+        rows = zip(memory.split(1), src_mask.split(1), strict=True)
+        settings = (bos, eos, max_len, beam_size, length_penalty)
+        out = [beam_search(model, m, mask, *settings) for m, mask in rows]
     model.train(was_training)
     return out
 

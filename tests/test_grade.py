@@ -61,17 +61,29 @@ def test_junit_lists_every_test(torch_copy_graded):
     assert len(suite.findall("testcase")) == len(SHARED_TESTS)
 
 
+# What readable source padding breaks: every value on a padded source, and the decodings of the
+# tests that load padded sources with the parent's weights.
+FAULTY_FAILS = [
+    "test_golden_torch",
+    "test_source_padding_is_never_read",
+    "test_translate_is_greedy_with_beam_one_and_drops_eos",
+    "test_beam_search_matches_oracle",
+]
+
+
 def test_faulty_submission_fails_with_its_first_divergence():
-    # the example's cross-attention reads source padding (mutant s06's pitfall)
-    tests = [BY_NAME["test_golden_torch"], BY_NAME["test_source_padding_is_never_read"]]
+    # the example's cross-attention reads source padding (mutant s06's pitfall) and nothing else
+    # is wrong; the learning test (4 s, no padding law) is left out to keep this test fast
+    tests = [t for t in SHARED_TESTS if t.name != "test_learns_reversed_addition"]
     g = grade.grade(ROOT / "examples" / "faulty_submission.py", tests)
-    assert not g.passed and g.score == 0
-    assert all(t.outcome == "killed" for t in g.tests)
-    golden = g.tests[0].message
+    failed = {t.name: t for t in g.tests if not t.passed}
+    assert list(failed) == FAULTY_FAILS
+    assert all(t.outcome == "killed" for t in failed.values())
+    golden = failed["test_golden_torch"].message
     assert "max abs error" in golden
     assert "first divergence: decoder.0.cross_attn" in golden
     junit = ET.fromstring(grade.junit(g).split("\n", 1)[1])
-    assert junit.find("testsuite").get("failures") == "2"
+    assert junit.find("testsuite").get("failures") == str(len(FAULTY_FAILS))
 
 
 def test_weights_come_from_one_file():
