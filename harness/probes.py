@@ -125,6 +125,24 @@ def forward_logits(module, cfg, seed, batches) -> dict[str, Any]:
 
 
 @probe
+def dropout_logits(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+    """One model's logits: eval mode, then training mode twice (other dropout draws), then eval
+    mode again."""
+    model, dtype = build(module, cfg, seed)
+    inputs = (_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
+    with torch.no_grad():
+        before = _np(model(*inputs))
+        model.train()
+        train = []
+        for draw in (1, 2):
+            torch.manual_seed(draw)
+            train.append(_np(model(*inputs)))
+        model.eval()
+        after = _np(model(*inputs))
+    return {"dtype": dtype, "eval": [before, after], "train": train}
+
+
+@probe
 def decode_steps(module, cfg, seed, src, src_mask, tgt_in) -> dict[str, Any]:
     """decode on the whole target, and decode_step position by position from init_state.
 

@@ -244,15 +244,10 @@ def golden_comparisons(call: Call, dtype: str | None = None) -> Iterator[tuple]:
         logits = oracle.forward(params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"])
         cells = ("row", "position", "token")
         yield r["dtype"], f"{name}: logits", "logits", r["logits"], logits, b["tgt_mask"], cells
-        if hasattr(oracle, "loss_and_grads"):
-            loss, grads = oracle.loss_and_grads(
-                params, b["src"], b["tgt_in"], b["tgt_out"], b["src_mask"], b["tgt_mask"], 0.1, PAD
-            )
-        else:  # until the oracle's backward lands: the loss only
-            loss, grads = oracle.label_smoothed_loss(logits, b["tgt_out"], 0.1, PAD)[0], None
+        loss, grads = oracle.loss_and_grads(
+            params, b["src"], b["tgt_in"], b["tgt_out"], b["src_mask"], b["tgt_mask"], 0.1, PAD
+        )
         yield r["dtype"], f"{name}: smoothed loss", "loss", r["loss"], loss, None, ()
-        if grads is None:
-            continue
         got = read_params(r["grads"], cfg, "the gradients (by named_parameters name)").arrays
         want = getattr(grads, "arrays", grads)
         for key in sorted(want):
@@ -708,6 +703,35 @@ def check_validation(call: Call) -> None:
         raise Failure("; ".join(wrong))
 
 
+# Dropout at rate 0.5 on every site zeroes or doubles about half of each sublayer's outputs: the
+# logits move by O(1). A change below 1e-6 means no dropout ran (float64 rounding is ~1e-15).
+DROPOUT_VISIBLE = 1e-6
+
+
+def check_dropout_only_in_training(call: Call) -> None:
+    # Training mode drops out (each forward pass draws new masks); eval mode does not, before
+    # and after training mode, so eval logits stay equal to each other.
+    cfg = config(dropout=0.5, n_enc=1, n_dec=1)
+    b = forward_inputs(batch(np.random.default_rng(23), cfg, src_lens=[5, 3], tgt_lens=[4, 4]))
+    r = call("dropout_logits", cfg=cfg, seed=24, **b)
+    mask = b["tgt_mask"]
+    before, after = r["eval"]
+    assert_close("eval-mode logits after a training-mode pass", after, before, 0.0, mask=mask)
+    for i, train in enumerate(r["train"]):
+        change = errors(train, before, mask)[0].max()
+        if not change > DROPOUT_VISIBLE:
+            raise Failure(
+                f"training-mode pass {i} with dropout=0.5 gave the eval-mode logits (max change "
+                f"{change:.3g}): dropout is not applied in training mode"
+            )
+    change = errors(r["train"][1], r["train"][0], mask)[0].max()
+    if not change > DROPOUT_VISIBLE:
+        raise Failure(
+            f"two training-mode passes gave the same logits (max change {change:.3g}): "
+            "dropout draws no new masks"
+        )
+
+
 def learning_setup() -> dict[str, Any]:
     """The learning test's task, model and recipe, with the bar derived from impl."""
     return json.loads((DATA / "learning_bar.json").read_text())
@@ -840,6 +864,12 @@ SHARED_TESTS: tuple[Test, ...] = (
         "test_validation",
         "bad input raises the contract's error class",
         check_validation,
+        timeout=20.0,
+    ),
+    Test(
+        "test_dropout_only_in_training",
+        "dropout acts in training mode, with new masks each pass, and never in eval mode",
+        check_dropout_only_in_training,
         timeout=20.0,
     ),
     Test(

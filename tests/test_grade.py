@@ -114,3 +114,34 @@ def test_static_check_finds_protected_imports(source, found):
 def test_a_missing_submission_is_a_clear_failure(tmp_path):
     g = grade.grade(tmp_path / "nothing.py", [BY_NAME["test_hand_example_noam"]])
     assert not g.passed and "neither a .py file nor a package" in g.rejected
+
+
+ALWAYS_DROPOUT = """
+
+class AlwaysDropout(nn.Module):
+    def __init__(self, p):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(x, self.p, training=True)
+"""
+
+
+@pytest.mark.parametrize(
+    "fault,new",
+    [
+        ("no dropout at all", "nn.Identity()"),
+        ("dropout even in eval mode", "AlwaysDropout(cfg.dropout)"),
+    ],
+)
+def test_the_dropout_law_catches_missing_and_ever_present_dropout(tmp_path, fault, new):
+    # impl with its dropout modules replaced: golden (dropout off in eval) tells the second fault
+    # too, but only the dropout law tells the first
+    source = (ROOT / "impl" / "transformer.py").read_text()
+    assert source.count("nn.Dropout(cfg.dropout)") >= 3
+    submission = tmp_path / "transformer.py"
+    submission.write_text(source.replace("nn.Dropout(cfg.dropout)", new) + ALWAYS_DROPOUT)
+    g = grade.grade(submission, [BY_NAME["test_dropout_only_in_training"]])
+    [result] = g.tests
+    assert result.outcome == "killed", fault
