@@ -1,9 +1,10 @@
 """A student's transformer.py: the encoder-decoder Transformer of Vaswani et al. (2017) in plain
 torch, written to the course contract (CONTRACT.md).
 
-The example submission of README.md's grading walkthrough. It has exactly one fault, planted on
-purpose and marked FAULT below: the decoder's cross-attention does not mask source padding, so
-every target position also reads the padded source positions. The encoder masks them correctly.
+The faulty example submission of README.md's grading walkthrough: correct_submission.py with
+exactly one fault, planted on purpose and marked FAULT below: the decoder's cross-attention does
+not mask source padding, so every target position also reads the padded source positions. The
+encoder masks them correctly.
 """
 
 import json

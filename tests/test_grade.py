@@ -86,6 +86,22 @@ def test_faulty_submission_fails_with_its_first_divergence():
     assert junit.find("testsuite").get("failures") == str(len(FAULTY_FAILS))
 
 
+def test_correct_example_passes_and_differs_from_the_faulty_one_by_the_fault_only():
+    correct = ROOT / "examples" / "correct_submission.py"
+    faulty = (ROOT / "examples" / "faulty_submission.py").read_text()
+    changed = set(correct.read_text().splitlines()) ^ set(faulty.splitlines())
+    code = {line.strip() for line in changed if line.startswith("        ")}  # below docstrings
+    assert code == {
+        "y = self.sublayer(y, lambda z: self.cross_attn(z, memory, src_allowed), self.norm2)",
+        "y = self.sublayer(y, lambda z: self.cross_attn(z, memory), self.norm2)",
+        "# FAULT: src_allowed should be passed here; without it the padded source positions of",
+        "# memory are read like real tokens.",
+    }
+    tests = [t for t in SHARED_TESTS if t.name != "test_learns_reversed_addition"]
+    g = grade.grade(correct, tests)
+    assert [t.name for t in g.tests if not t.passed] == []
+
+
 def test_weights_come_from_one_file():
     weight = grade.points()
     data = json.loads(grade.WEIGHTS.read_text())
