@@ -13,10 +13,10 @@ import json
 import sys
 
 import numpy as np
-import torch
 
-from harness.engine import in_process_call
+from harness.engine import trusted_call
 from harness.shared_tests import DATA, errors, golden_comparisons
+from harness.subjects import Kind, Subject
 
 # float32 rounding varies with the weights and inputs drawn; 10x the worst measured error keeps
 # a correct float32 subject clear of it while a real fault (errors of 1e-3 and up) still fails.
@@ -25,14 +25,11 @@ SAFETY_FACTOR = 10.0
 
 def measure() -> dict[str, float]:
     """The float32 torch copy's largest relative error of each kind against the oracle."""
-    from impl import torch_copy
-
-    torch.set_num_threads(1)
     worst: dict[str, float] = {}
-    call = in_process_call(torch_copy)
-    for _, _, kind, got, want, mask, _ in golden_comparisons(call, "float32"):
-        err, scale = errors(np.asarray(got, dtype=np.float64), np.asarray(want), mask)
-        worst[kind] = max(worst.get(kind, 0.0), float(err.max()) / scale)
+    with trusted_call(Subject("torch_copy", Kind.CORRECT, module="impl.torch_copy")) as call:
+        for _, _, kind, got, want, mask, _ in golden_comparisons(call, "float32"):
+            err, scale = errors(np.asarray(got, dtype=np.float64), np.asarray(want), mask)
+            worst[kind] = max(worst.get(kind, 0.0), float(err.max()) / scale)
     return worst
 
 

@@ -1,73 +1,23 @@
 """Where a wrong forward pass first goes wrong: the subject's module outputs vs the oracle's trace.
 
-In the worker, `module_outputs` hooks the subject's submodules that carry the contract's module
-names (CONTRACT.md, "module names"; torch's stack names are translated) and returns what each
-output on the golden test's inputs. In the parent, `first_divergence` runs the oracle with
-trace=True on the subject's own weights and names the first module, in the order of
-computation, whose output differs by more than the tolerance:
+In the worker, the probe `module_outputs` (harness.isolation.child.probes) hooks the subject's
+submodules that carry the contract's module names (CONTRACT.md, "module names"; torch's stack
+names are translated) and returns what each output on the golden test's inputs. Here, in the
+parent, `first_divergence` runs the oracle with trace=True on the subject's own weights and
+names the first module, in the order of computation, whose output differs by more than the
+tolerance:
 "first divergence: decoder.0.cross_attn, max abs error 0.31".
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import numpy as np
-import torch
 
 import oracle
-from harness.probes import _np, _state_dict, _t, build, probe
 from harness.shared_tests import GOLDEN, batch, errors, read_params, tolerance
 from harness.suite import Call, Failure
-
-# torch's nn.TransformerEncoder/Decoder names (the torch copy's) -> the contract's.
-_TORCH_NAMES = (
-    (re.compile(r"^(encoder|decoder)\.layers\.(\d+)"), r"\1.\2"),
-    (re.compile(r"\.multihead_attn$"), ".cross_attn"),
-    (re.compile(r"^encoder\.norm$"), "enc_norm"),
-    (re.compile(r"^decoder\.norm$"), "dec_norm"),
-)
-_CONTRACT_NAME = re.compile(
-    r"^(encoder\.\d+(\.(self_attn|norm[12]|linear[12]))?|enc_norm|"
-    r"decoder\.\d+(\.(self_attn|cross_attn|norm[123]|linear[12]))?|dec_norm)$"
-)
-
-
-def contract_name(name: str) -> str:
-    """A submodule's name in the contract's scheme (torch's stack names translated)."""
-    for pattern, replacement in _TORCH_NAMES:
-        name = pattern.sub(replacement, name)
-    return name
-
-
-@probe
-def module_outputs(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
-    """The output of each contract-named submodule during one forward pass (a tuple output
-    counts by its first element; a module called twice by its first call), and the weights."""
-    model, dtype = build(module, cfg, seed)
-    outputs: dict[str, np.ndarray] = {}
-
-    def hook(name: str):
-        def record(mod: torch.nn.Module, args: Any, out: Any) -> None:
-            first = out[0] if isinstance(out, tuple) and out else out
-            if isinstance(first, torch.Tensor) and name not in outputs:
-                outputs[name] = _np(first)
-
-        return record
-
-    for name, sub in model.named_modules():
-        if _CONTRACT_NAME.match(contract_name(name)):
-            sub.register_forward_hook(hook(contract_name(name)))
-    # gradients stay enabled: under no_grad torch's own layers take a fused fast path that
-    # never calls their submodules, so their hooks would not fire
-    logits = model(_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
-    return {
-        "dtype": dtype,
-        "state_dict": _state_dict(model),
-        "outputs": outputs,
-        "logits": _np(logits),
-    }
 
 
 def first_divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]) -> str:

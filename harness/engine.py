@@ -1,47 +1,67 @@
 """The engine: run a suite of tests over a set of subjects, one worker process per subject.
 
-Running and judging are apart. Each subject is loaded in its own worker (harness.worker, forked
-from the zygote that preloaded torch), in its own session so that a timeout kills its whole
-process group; the tests' checks run here, in the parent, on plain data the worker sends back.
-A hang is a timeout cell, a crash an error cell, and either way a fresh worker runs the
-subject's remaining tests. Subjects run in parallel threads, each thread driving one worker.
+Running and judging are apart. Each subject is loaded in its own worker process, started as
+its `Launch` says (harness.isolation: a sandbox for untrusted code, the fork server for trusted
+code); the tests' checks run here, in the parent, on plain data the worker sends back. A hang
+is a timeout cell, a crash an error cell, and either way a fresh worker runs the subject's
+remaining tests. Subjects run in parallel threads, each thread driving one worker.
 """
 
 from __future__ import annotations
 
 import os
-import select
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from harness import protocol
+from harness.isolation.forkserver import forked
+from harness.isolation.worker import (
+    LOAD_TIMEOUT,
+    Start,
+    SubjectRaised,
+    Worker,
+    WorkerDied,
+    WorkerTimeout,
+)
 from harness.outcomes import Outcome
 from harness.subjects import Subject
-from harness.suite import Failure, SubjectRaised, Test
-from harness.zygote import zygote
-
-# Loading takes milliseconds from the zygote and ~5 s from a fresh interpreter (torch's imports);
-# 60 s leaves room for a loaded machine without letting a hang at import stall the run for long.
-LOAD_TIMEOUT = 60.0
-# How often a wait for a reply checks that the worker still runs (seconds).
-_LIVENESS_SLICE = 0.25
+from harness.suite import Failure, Test
 
 
-class WorkerDied(Exception):
-    """The worker stopped answering: it exited, was killed by a signal, or broke the protocol."""
+@dataclass(frozen=True)
+class Launch:
+    """How one subject's workers start and what they load: the engine's only knowledge of the
+    process boundary (harness.isolation)."""
+
+    start: Start  # sandboxed for untrusted code, forked from the fork server for trusted code
+    subject: dict[str, Any]  # what the worker loads: {"path"} or {"source", "filename"}
+    probes: tuple[str, ...] = ("probes",)  # probe modules of harness.isolation.child
+    confine: dict[str, Any] = field(default_factory=dict)  # the worker's own limits
+    load_timeout: float = LOAD_TIMEOUT
+
+    def worker(self) -> Worker:
+        """A started and loaded worker (WorkerDied / WorkerTimeout / SubjectRaised if not)."""
+        worker = Worker(self.start)
+        try:
+            worker.load(
+                self.subject, time.monotonic() + self.load_timeout, self.probes, self.confine
+            )
+        except BaseException:
+            worker.close()
+            raise
+        return worker
 
 
-class WorkerTimeout(Exception):
-    """The worker did not answer before the deadline."""
+def trusted(subject: Subject) -> Launch:
+    """A trusted subject (impl, the torch copy, a mutant): forked from the fork server."""
+    return Launch(forked, subject.payload())
 
 
 @dataclass(frozen=True)
@@ -51,170 +71,6 @@ class Cell:
     outcome: Outcome
     message: str = ""
     seconds: float = 0.0
-
-
-class Worker:
-    """One subject's worker process, spoken to over two pipes that only the harness writes.
-
-    By default it is forked from the zygote, which preloaded torch and the probes
-    (harness.zygote); fresh_interpreter=True starts `python -m harness.worker` instead, slower
-    to start (~5 s of imports) but sharing nothing with any other worker. Either way it leads its
-    own session, so killing its process group takes every process it started.
-    """
-
-    def __init__(self, subject: Subject, fresh_interpreter: bool = False):
-        self.subject = subject
-        self.status: int | None = None  # the exit code once reaped; negative: a signal
-        self._log = tempfile.NamedTemporaryFile(prefix="xfmr-worker-", suffix=".log")
-        if fresh_interpreter:
-            self._start_interpreter()
-        else:
-            self._start_forked()
-
-    def _start_interpreter(self) -> None:
-        req_r, self._req_w = os.pipe()
-        self._resp_r, resp_w = os.pipe()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "harness.worker", str(req_r), str(resp_w)],
-            pass_fds=(req_r, resp_w),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-        )
-        os.close(req_r)
-        os.close(resp_w)
-        self.pid = proc.pid
-
-        def wait(timeout: float) -> int | None:
-            try:
-                return proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                return None
-
-        self._wait_for = wait
-
-    def _start_forked(self) -> None:
-        req_r, self._req_w = os.pipe()
-        self._resp_r, resp_w = os.pipe()
-        server = zygote()
-        try:
-            self.pid = server.spawn(req_r, resp_w, self._log.fileno())
-        finally:
-            os.close(req_r)
-            os.close(resp_w)
-        self._wait_for = lambda timeout: server.wait(self.pid, timeout)
-
-    def load(self, rlimits: dict[str, tuple[int, int]] | None = None) -> None:
-        """Set the resource limits in the worker, then import the subject there."""
-        request = {"op": "load", "subject": self.subject.to_json(), "rlimits": rlimits or {}}
-        self.request(request, time.monotonic() + LOAD_TIMEOUT)
-
-    def request(self, body: dict[str, Any], deadline: float) -> Any:
-        """Send one request; the worker's value, or SubjectRaised / WorkerTimeout / WorkerDied."""
-        self.send(body)
-        return self._value(body, self.receive(deadline))
-
-    def send(self, body: dict[str, Any]) -> None:
-        """Write one request frame; WorkerDied if the worker's end is gone."""
-        try:
-            protocol.write_frame(self._req_w, body)
-        except OSError as e:
-            raise WorkerDied(self._death(e)) from None
-
-    def receive(self, deadline: float) -> Any:
-        """The next frame from the worker, as sent; WorkerTimeout / WorkerDied.
-
-        Waits in short slices, checking that the worker still runs: a worker that exited while
-        a process it started holds its end of the pipe open never sends end-of-file.
-        """
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise WorkerTimeout()
-            if select.select([self._resp_r], [], [], min(left, _LIVENESS_SLICE))[0]:
-                break
-            if self._reap(0.0) is not None:
-                held = protocol.ChannelClosed("and a process it started holds its pipe open")
-                raise WorkerDied(self._death(held))
-        try:
-            return protocol.read_frame(self._resp_r, max(0.0, deadline - time.monotonic()))
-        except protocol.FrameTimeout:
-            raise WorkerTimeout() from None
-        except (protocol.ProtocolError, OSError) as e:
-            raise WorkerDied(self._death(e)) from None
-
-    def stream(
-        self, body: dict[str, Any], due: Callable[[], float], on_event: Callable[[Any], None]
-    ) -> Any:
-        """Send a request whose probe emits events (harness.worker.emit) before its reply: each
-        event goes to on_event, each frame must arrive by due(); returns the reply's value."""
-        self.send(body)
-        while True:
-            frame = self.receive(due())
-            if not (isinstance(frame, dict) and set(frame) == {"event"}):
-                return self._value(body, frame)
-            on_event(frame["event"])
-
-    def _value(self, body: dict[str, Any], reply: Any) -> Any:
-        """A reply frame's value; SubjectRaised for an error reply, WorkerDied for a bad one."""
-        ok = isinstance(reply, dict) and isinstance(reply.get("ok"), bool)
-        if not ok or (reply["ok"] and "value" not in reply):
-            raise WorkerDied(self._death(protocol.ProtocolError("reply is not {ok, value|error}")))
-        if not reply["ok"]:
-            error = reply.get("error")
-            if not isinstance(error, dict) or not {"type", "message"} <= set(error):
-                raise WorkerDied(self._death(protocol.ProtocolError("malformed error reply")))
-            raise SubjectRaised(body.get("probe", body["op"]), error)
-        return reply["value"]
-
-    def _death(self, cause: Exception) -> str:
-        """Why the worker stopped answering, from its exit status and the tail of its output."""
-        # a worker that crashed closed its pipe as it died: its status is there within a second
-        if self._reap(1.0) is None:
-            self.kill()
-            reason = f"worker stopped answering ({cause}) but kept running; killed"
-        else:
-            if self.status < 0:
-                reason = f"worker killed by signal {signal.Signals(-self.status).name}"
-            else:
-                reason = f"worker exited with status {self.status}"
-            if not isinstance(cause, protocol.ChannelClosed):
-                reason += f" after a protocol error ({cause})"
-        tail = self.output_tail()
-        return f"{reason}; its last output: {tail}" if tail else reason
-
-    def _reap(self, timeout: float) -> int | None:
-        """The exit code, waiting up to `timeout` s for it; None if the worker still runs."""
-        if self.status is None:
-            self.status = self._wait_for(timeout)
-        return self.status
-
-    def output_tail(self, n: int = 600) -> str:
-        """The last n characters the worker (and the subject) printed."""
-        self._log.seek(0, os.SEEK_END)
-        size = self._log.tell()
-        self._log.seek(max(0, size - n))
-        return self._log.read().decode(errors="replace").strip()
-
-    def kill(self) -> None:
-        """Kill the worker's whole process group (what it started too) and reap the worker."""
-        kills = (os.killpg,) if self.status is not None else (os.killpg, os.kill)
-        for kill in kills:  # the group; the worker itself if it has not led one yet
-            try:
-                kill(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        self._reap(30.0)
-
-    def close(self) -> None:
-        """Kill whatever is left of the worker and release its pipes and log."""
-        self.kill()
-        for fd in (self._req_w, self._resp_r):
-            os.close(fd)
-        self._log.close()
 
 
 @dataclass
@@ -246,7 +102,7 @@ def run_test(test: Test, worker: Worker) -> Cell:
     deadline = start + test.timeout
 
     def call(probe: str, **inputs: Any) -> Any:
-        return worker.request({"op": "call", "probe": probe, "inputs": inputs}, deadline)
+        return worker.call(probe, deadline, **inputs)
 
     try:
         test.check(call)
@@ -260,17 +116,24 @@ def run_test(test: Test, worker: Worker) -> Cell:
         outcome, message = Outcome.TIMEOUT, f"no answer within {test.timeout:g} s; killed"
     except WorkerDied as e:
         outcome, message = Outcome.ERROR, str(e)
-    except Exception:  # the check itself broke: a harness bug, shown in full
-        outcome, message = Outcome.ERROR, "harness error in the check:\n" + traceback.format_exc()
+    except Exception as e:  # the check could not read the answer: malformed data is the subject's
+        outcome, message = Outcome.KILLED, unjudgeable(e)
     return Cell(outcome, message, time.monotonic() - start)
+
+
+def unjudgeable(e: Exception) -> str:
+    """The verdict on an answer a check could not read (a string where an array belongs, a
+    1-D table): the subject's failure, said in one line, with the check's line for the staff."""
+    frames = traceback.extract_tb(e.__traceback__)
+    at = f" [{Path(frames[-1].filename).name}:{frames[-1].lineno}]" if frames else ""
+    return f"the answer could not be judged: {type(e).__name__}: {str(e)[:300]}{at}"
 
 
 def run_subject(
     subject: Subject,
     tests: Sequence[Test],
     on_cell: Callable[[Test, Cell], None],
-    rlimits: dict[str, tuple[int, int]] | None = None,
-    make_worker: Callable[[Subject], Worker] = Worker,
+    launch: Callable[[Subject], Launch] = trusted,
 ) -> tuple[dict[str, Cell], int]:
     """Every test on one subject in order, restarting the worker after a timeout or a crash."""
     cells: dict[str, Cell] = {}
@@ -286,7 +149,7 @@ def run_subject(
             else:
                 if worker is None:
                     starts += 1
-                    worker, load_failure = _start(subject, rlimits, make_worker)
+                    worker, load_failure = _start(launch(subject))
                     if load_failure is not None:
                         cells[test.name] = load_failure
                         on_cell(test, load_failure)
@@ -303,17 +166,11 @@ def run_subject(
     return cells, starts
 
 
-def _start(
-    subject: Subject,
-    rlimits: dict[str, tuple[int, int]] | None,
-    make_worker: Callable[[Subject], Worker],
-) -> tuple[Worker | None, Cell | None]:
+def _start(launch: Launch) -> tuple[Worker | None, Cell | None]:
     """A loaded worker, or the cell that its failure to load gives every test."""
     start = time.monotonic()
-    worker = make_worker(subject)
     try:
-        worker.load(rlimits)
-        return worker, None
+        return launch.worker(), None
     except SubjectRaised as e:  # the subject raised at import: every test fails on it
         cell = Cell(Outcome.KILLED, str(e), time.monotonic() - start)
     except WorkerTimeout:
@@ -321,7 +178,6 @@ def _start(
         cell = Cell(Outcome.TIMEOUT, f"loading took over {seconds:.0f} s; killed", seconds)
     except WorkerDied as e:
         cell = Cell(Outcome.ERROR, f"load: {e}", time.monotonic() - start)
-    worker.close()
     return None, cell
 
 
@@ -330,14 +186,10 @@ def run_suite(
     subjects: Sequence[Subject],
     jobs: int | None = None,
     progress: Progress | None = None,
-    rlimits: dict[str, tuple[int, int]] | None = None,
-    make_worker: Callable[[Subject], Worker] = Worker,
+    launch: Callable[[Subject], Launch] = trusted,
 ) -> SuiteRun:
-    """Every test on every subject: up to `jobs` subjects at once (default: the CPU count).
-
-    rlimits: resource limits each worker sets before loading its subject. make_worker: how a
-    worker is started (a Worker subclass that confines untrusted code, say).
-    """
+    """Every test on every subject: up to `jobs` subjects at once (default: the CPU count),
+    each subject's workers started as `launch` says."""
     names = [t.name for t in tests]
     if len(set(names)) != len(names):
         raise ValueError(f"test names must be unique, got {names}")
@@ -357,7 +209,7 @@ def run_suite(
                 if progress is not None:
                     progress(subject, test, cell, len(run.cells), total)
 
-        _, starts = run_subject(subject, tests, on_cell, rlimits, make_worker)
+        _, starts = run_subject(subject, tests, on_cell, launch)
         with lock:
             run.subject_seconds[subject.name] = time.monotonic() - t0
             run.worker_starts[subject.name] = starts
@@ -379,13 +231,12 @@ def print_progress(subject: Subject, test: Test, cell: Cell, done: int, total: i
     )
 
 
-def in_process_call(module: Any) -> Callable[..., Any]:
-    """`call` for a trusted module run in this process (deriving bars, calibrating tolerances):
-    the probes' values still round-trip through the wire format, as a worker's would."""
-    from harness.probes import PROBES
-
-    def call(probe: str, **inputs: Any) -> Any:
-        inputs = protocol.parse(protocol.encode(inputs))
-        return protocol.parse(protocol.encode(PROBES[probe](module, **inputs)))
-
-    return call
+@contextmanager
+def trusted_call(subject: Subject, timeout: float = 600.0) -> Iterator[Callable[..., Any]]:
+    """`call` on a trusted subject's worker, for the tools that derive bars and calibrate
+    tolerances from impl or the torch copy: the same probes and wire as a test's."""
+    worker = trusted(subject).worker()
+    try:
+        yield lambda probe, **inputs: worker.call(probe, time.monotonic() + timeout, **inputs)
+    finally:
+        worker.close()

@@ -12,7 +12,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -26,14 +25,35 @@ from typing import Any
 import pandas as pd
 
 from harness.diagnosis import diagnose
-from harness.engine import LOAD_TIMEOUT, Cell, WorkerDied, WorkerTimeout, run_subject
+from harness.engine import Cell, Launch, run_subject, unjudgeable
+from harness.isolation.forkserver import forked
+from harness.isolation.sandbox import (
+    DEFAULT_LIMITS,
+    INPUT,
+    Limits,
+    UnsafeInput,
+    sandboxed,
+    staged,
+)
+from harness.isolation.static_check import check_submission
+from harness.isolation.worker import LOAD_TIMEOUT, SubjectRaised, WorkerDied, WorkerTimeout
+from harness.options import (
+    SANDBOX,
+    UNSAFE,
+    add_isolation,
+    isolation_problem,
+    positive,
+    report_path_problem,
+    usage_error,
+    write_report,
+)
 from harness.outcomes import Outcome
-from harness.sandbox import DEFAULT_LIMITS, Limits, SandboxedWorker, check_submission, guarded
 from harness.shared_tests import DATA, SHARED_TESTS
 from harness.subjects import Kind, Subject
-from harness.suite import SubjectRaised, Test
+from harness.suite import Test
 
 WEIGHTS = DATA / "grade_weights.json"
+
 
 # The tests whose failures a forward-pass diagnosis explains (they compare the model's values).
 _VALUE_TESTS = {
@@ -83,6 +103,8 @@ class Grade:
     rejected: str = ""  # why the submission was refused without running, if it was
     diagnosis: dict[str, str] = field(default_factory=dict)  # config -> first divergence
     seconds: float = 0.0
+    isolation: str = SANDBOX  # how its workers ran: SANDBOX or UNSAFE
+    error: str = ""  # the grader's own traceback, if grading this submission broke it
 
     @property
     def score(self) -> float:
@@ -97,61 +119,109 @@ class Grade:
         return not self.rejected and all(t.passed for t in self.tests)
 
 
+def rejection(path: Path) -> str:
+    """Why `path` cannot be graded at all, in the student's terms; "" if it can be run."""
+    if not path.exists() and not path.is_symlink():
+        return f"{path} does not exist"
+    if path.is_symlink():
+        return f"{path} is a symbolic link, not a submission"
+    if path.is_dir():
+        if not (path / "__init__.py").is_file():
+            return (
+                f"{path} is a folder without __init__.py: a package submission needs one "
+                "(or submit the single file transformer.py)"
+            )
+    elif path.suffix != ".py":
+        return f"{path} is not a .py file"
+    try:
+        problems = check_submission(path)
+    except OSError as e:
+        return f"{path} could not be read: {e.strerror or e}"
+    parse = [p for p in problems if "does not parse" in p]
+    if parse:
+        return "rejected: the submission does not parse: " + "; ".join(parse)
+    if problems:
+        return "rejected: the submission imports the grader's own packages: " + "; ".join(problems)
+    return ""
+
+
 def grade(
     path: str | Path,
     tests: Sequence[Test] = SHARED_TESTS,
     limits: Limits = DEFAULT_LIMITS,
     time_limit: float | None = None,
+    unsafe: bool = False,
 ) -> Grade:
-    """Run `tests` on the submission at `path` (a .py file or a package directory)."""
+    """Run `tests` on the submission at `path` (a .py file or a package directory), each of its
+    workers in a sandbox of its own (unsafe=True: forked without one, for trusted code only).
+
+    Whatever the submission does, the answer is a Grade: an error of the grader's own while
+    grading it becomes that submission's failing grade with the reason, never an exception."""
     start = time.monotonic()
     path = Path(path)
     weight = points()
     if time_limit is not None:  # a cap on every test's own limit
         tests = [replace(t, timeout=min(t.timeout, time_limit)) for t in tests]
     load_timeout = time_limit if time_limit is not None else LOAD_TIMEOUT
-    if not path.exists() or not (path.suffix == ".py" or (path / "__init__.py").exists()):
-        rejected = f"{path} is neither a .py file nor a package directory with __init__.py"
-    else:
-        problems = check_submission(path)
-        rejected = (
-            "rejected: the submission imports the grader's own packages: " + "; ".join(problems)
-            if problems
-            else ""
-        )
-    if rejected:
-        results = [
-            TestResult(t.name, t.law, Outcome.KILLED.value, 0.0, weight(t.name), rejected, 0.0)
+    mode = UNSAFE if unsafe else SANDBOX
+    rejected = rejection(path)
+
+    def failing(reason: str, outcome: Outcome = Outcome.KILLED) -> list[TestResult]:
+        return [
+            TestResult(t.name, t.law, outcome.value, 0.0, weight(t.name), reason, 0.0)
             for t in tests
         ]
-        return Grade(str(path), results, rejected, {}, time.monotonic() - start)
 
-    subject = Subject(path.stem, Kind.SUBMISSION, path=str(path.resolve()))
-
-    def new_worker(s: Subject) -> SandboxedWorker:
-        return SandboxedWorker(s, limits, load_timeout, probes=("harness.diagnosis",))
-
-    with guarded():
-        cells, _ = run_subject(subject, tests, lambda test, cell: None, make_worker=new_worker)
-        failed = {t.name for t in tests if cells[t.name].outcome is Outcome.KILLED}
-        found = _diagnose(subject, new_worker, load_timeout) if failed & _VALUE_TESTS else {}
-    results = [_result(t, cells[t.name], weight(t.name), found) for t in tests]
-    return Grade(str(path), results, "", found, time.monotonic() - start)
-
-
-def _diagnose(subject: Subject, new_worker: Callable, timeout: float) -> dict[str, str]:
-    """diagnosis.diagnose in one more caged worker; a failure to run it is said, not raised."""
-    worker = new_worker(subject)
+    if rejected:
+        return Grade(str(path), failing(rejected), rejected, {}, time.monotonic() - start, mode)
+    name = "submission" if path.is_dir() else "submission.py"
     try:
-        worker.load()
-        deadline = time.monotonic() + timeout
+        with staged({name: path}) as stage:
+            if unsafe:
+                start_worker, inside = forked, stage / name
+            else:
+                start_worker, inside = sandboxed(stage, limits), Path(INPUT) / name
 
-        def call(probe: str, **inputs: Any) -> Any:
-            return worker.request({"op": "call", "probe": probe, "inputs": inputs}, deadline)
+            def launch(s: Subject) -> Launch:
+                spec = {"path": str(inside)}
+                return Launch(start_worker, spec, ("probes",), limits.confine(), load_timeout)
 
-        return diagnose(call)
+            subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
+            cells, _ = run_subject(subject, tests, lambda test, cell: None, launch)
+            failed = {t.name for t in tests if cells[t.name].outcome is Outcome.KILLED}
+            found = _diagnose(launch(subject)) if failed & _VALUE_TESTS else {}
+    except UnsafeInput as e:
+        reason = f"rejected: {e}"
+        return Grade(str(path), failing(reason), reason, {}, time.monotonic() - start, mode)
+    except Exception as e:  # the grader's own failure on this submission: said, never raised
+        reason = f"grader error while grading this submission: {type(e).__name__}: {e}"
+        return Grade(
+            str(path),
+            failing(reason, Outcome.ERROR),
+            "",
+            {},
+            time.monotonic() - start,
+            mode,
+            error=traceback.format_exc(),
+        )
+    results = [_result(t, cells[t.name], weight(t.name), found) for t in tests]
+    return Grade(str(path), results, "", found, time.monotonic() - start, mode)
+
+
+def _diagnose(launch: Launch) -> dict[str, str]:
+    """diagnosis.diagnose in one more worker; a failure to run it, or an answer it cannot read,
+    is said, not raised."""
+    try:
+        worker = launch.worker()
     except (SubjectRaised, WorkerDied, WorkerTimeout) as e:
         return {"forward pass": f"no diagnosis: {type(e).__name__}: {e}"}
+    try:
+        deadline = time.monotonic() + launch.load_timeout
+        return diagnose(lambda probe, **inputs: worker.call(probe, deadline, **inputs))
+    except (SubjectRaised, WorkerDied, WorkerTimeout) as e:
+        return {"forward pass": f"no diagnosis: {type(e).__name__}: {e}"}
+    except Exception as e:  # a malformed answer
+        return {"forward pass": f"no diagnosis: {unjudgeable(e)}"}
     finally:
         worker.close()
 
@@ -176,6 +246,8 @@ def _result(test: Test, cell: Cell, max_score: float, found: dict[str, str]) -> 
 def text(g: Grade) -> str:
     """The readable summary: one line per test, then why each failure failed."""
     lines = [f"Grading {g.submission}", ""]
+    if g.isolation != SANDBOX:
+        lines += [g.isolation, ""]
     if g.rejected:
         lines += [g.rejected, ""]
     width = max(len(t.name) for t in g.tests)
@@ -207,6 +279,8 @@ def to_json(g: Grade) -> dict[str, Any]:
         "rejected": g.rejected,
         "diagnosis": g.diagnosis,
         "seconds": round(g.seconds, 2),
+        "isolation": g.isolation,
+        "grader_error": g.error,
         "tests": [asdict(t) for t in g.tests],
     }
 
@@ -216,7 +290,8 @@ def gradescope(g: Grade) -> dict[str, Any]:
     return {
         "score": g.score,
         "execution_time": round(g.seconds, 2),
-        "output": g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed",
+        "output": (g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed")
+        + ("" if g.isolation == SANDBOX else f"\n{g.isolation}"),
         "visibility": "visible",
         "tests": [
             {
@@ -259,28 +334,14 @@ def junit(g: Grade) -> str:
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
-def write_report(path: str | Path, content: str | dict[str, Any]) -> None:
-    """Write atomically (a temporary file renamed over the target): a file a submission planted
-    at the path, or a link it left there, is replaced, never written through."""
-    path = Path(path)
-    if isinstance(content, dict):
-        content = json.dumps(content, indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(content)
-    os.replace(tmp, path)
-
-
 # --- xfmr grade -------------------------------------------------------------------------------
 
 
 def _add_limits(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--time-limit", type=float, metavar="S", help="cap every test's time limit (seconds)"
+        "--time-limit", type=positive(float), metavar="S", help="cap every test's limit (seconds)"
     )
-    parser.add_argument(
-        "--memory-mb", type=int, default=Limits.memory_mb, help="address space per worker"
-    )
+    add_isolation(parser)
     parser.add_argument("--tests", metavar="NAMES", help="comma-separated shared tests to run")
 
 
@@ -295,6 +356,10 @@ def _selected(args: argparse.Namespace) -> list[Test]:
 
 
 def configure_grade(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "exit status: 0 every test passed; 1 some test failed (or the submission was rejected); "
+        "2 nothing was graded (bad options, an unwritable report path, no sandbox)"
+    )
     parser.add_argument("submission", help="a .py file or a package directory")
     parser.add_argument("--json", metavar="FILE", help="the grade as JSON")
     parser.add_argument("--junit", metavar="FILE", help="JUnit XML for CI")
@@ -303,8 +368,14 @@ def configure_grade(parser: argparse.ArgumentParser) -> None:
 
 
 def run_grade(args: argparse.Namespace) -> int:
+    reports = [p for p in (args.json, args.junit, args.gradescope) if p]
+    for path in reports:
+        if problem := report_path_problem(path):
+            return usage_error("grade", f"cannot write a report: {problem}")
+    if problem := isolation_problem(args):
+        return usage_error("grade", problem)
     limits = Limits(memory_mb=args.memory_mb)
-    g = grade(args.submission, _selected(args), limits, args.time_limit)
+    g = grade(args.submission, _selected(args), limits, args.time_limit, args.unsafe_no_sandbox)
     print(text(g))
     for path, content in (
         (args.json, lambda: to_json(g)),
@@ -355,22 +426,19 @@ def grade_batch(
     time_limit: float | None,
     jobs: int,
     bar: Bar | None = None,
+    unsafe: bool = False,
 ) -> list[Grade]:
     """Every submission in `folder`, `jobs` at a time; one that breaks the grader's own code
     (it should not) becomes a grade with that reason, never the end of the batch."""
     paths = submissions(folder)
 
     def one(path: Path) -> Grade:
-        try:
-            g = grade(path, tests, limits, time_limit)
-        except Exception:  # a harness bug on this submission: reported in full, batch goes on
-            reason = "grader error:\n" + traceback.format_exc()
-            g = Grade(str(path), [_result(t, Cell(Outcome.ERROR, reason), 0.0, {}) for t in tests])
+        g = grade(path, tests, limits, time_limit, unsafe)  # each worker in a sandbox of its own
         if bar is not None:
             bar.step(f"{path.name}: {g.score:g}/{g.max_score:g}")
         return g
 
-    with guarded(), ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, paths))
 
 
@@ -412,7 +480,7 @@ def hardest(grades: Sequence[Grade]) -> pd.DataFrame:
 def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", help="a folder of submissions (.py files or packages)")
     parser.add_argument("--out", metavar="DIR", default="grades", help="where reports go")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="at once")
+    parser.add_argument("--jobs", type=positive(int), default=os.cpu_count() or 1, help="at once")
     _add_limits(parser)
 
 
@@ -420,15 +488,29 @@ def run_grade_batch(args: argparse.Namespace) -> int:
     folder = Path(args.folder)
     paths = submissions(folder) if folder.is_dir() else []
     if not paths:
-        print(f"xfmr grade-batch: no submissions in {folder}", file=sys.stderr)
-        return 2
+        return usage_error("grade-batch", f"no submissions in {folder}")
+    out = Path(args.out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return usage_error("grade-batch", f"cannot create {out}: {e.strerror or e}")
+    names = ["grades.csv", "hardest_tests.csv"] + [f"{p.stem}.gradescope.json" for p in paths]
+    for name in names:
+        if problem := report_path_problem(out / name):
+            return usage_error("grade-batch", f"cannot write a report: {problem}")
+    if problem := isolation_problem(args):
+        return usage_error("grade-batch", problem)
     limits = Limits(memory_mb=args.memory_mb)
     grades = grade_batch(
-        folder, _selected(args), limits, args.time_limit, args.jobs, Bar(len(paths))
+        folder,
+        _selected(args),
+        limits,
+        args.time_limit,
+        args.jobs,
+        Bar(len(paths)),
+        args.unsafe_no_sandbox,
     )
     # every worker is gone: only now does anything get written
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     table, worst = batch_table(grades), hardest(grades)
     write_report(out / "grades.csv", table.to_csv(index=False))
     write_report(out / "hardest_tests.csv", worst.to_csv(index=False))

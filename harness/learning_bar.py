@@ -13,10 +13,9 @@ import json
 import sys
 import time
 
-import torch
-
-from harness.engine import in_process_call
+from harness.engine import trusted_call
 from harness.shared_tests import DATA, heldout_loss
+from harness.subjects import Kind, Subject
 
 SEEDS = (0, 1, 2, 3, 4)
 # impl's five seeds spread from 0.13 to 0.36 and the torch copy's from 0.13 to 0.76 (some inits
@@ -50,15 +49,12 @@ SETUP = {
 
 def derive() -> dict:
     """Train impl under every seed and return the setup with its losses and bar."""
-    from impl import transformer
-
-    torch.set_num_threads(1)
-    call = in_process_call(transformer)
     losses = []
-    for seed in SEEDS:
-        start = time.monotonic()
-        losses.append(heldout_loss(call, SETUP, seed))
-        print(f"seed {seed}: held-out loss {losses[-1]:.4f} ({time.monotonic() - start:.1f} s)")
+    with trusted_call(Subject("impl", Kind.CORRECT, module="impl.transformer")) as call:
+        for seed in SEEDS:
+            start = time.monotonic()
+            losses.append(heldout_loss(call, SETUP, seed))
+            print(f"seed {seed}: held-out loss {losses[-1]:.4f} ({time.monotonic() - start:.1f} s)")
     return {
         **SETUP,
         "impl_losses": losses,

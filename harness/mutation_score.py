@@ -1,8 +1,11 @@
 """`xfmr mutation-score TESTS`: a student's pytest suite, scored by the pitfall mutants it kills.
 
-The suite runs on impl, the torch copy and s01-s11, each subject in its own caged worker
-(harness.sandbox) with a time limit per test. Every subject is handed over the same way, as
-comment-free source loaded under one name, so a suite cannot tell a mutant by its label.
+The suite runs on impl, the torch copy and s01-s11, each subject in a sandbox of its own
+(harness.isolation.sandbox: its own private /tmp, nothing shared with the other subjects' runs)
+with a time limit per test. The subjects run in a secret random order, and every one is handed
+over the same way: source rewritten afresh for this run (harness.disguise: locals renamed,
+definitions reordered, comments and docstrings gone) and loaded under one name, so a suite can
+tell a mutant neither by its label, nor by its text, nor by when it runs.
 Per-test results stream back over the worker's protocol pipe (harness.student_suite) rather than
 through a JUnit file: a hang or a crash then loses only the test in progress, and nothing the
 suite can guess is ever read back as a result file.
@@ -15,10 +18,10 @@ score >= 0.80 (the seed's rung R5).
 from __future__ import annotations
 
 import argparse
-import ast
 import os
+import random
+import secrets
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -29,12 +32,22 @@ from typing import Any
 
 from harness import reports
 from harness.analysis import Summary, summarize
-from harness.engine import Cell, SuiteRun, WorkerDied, WorkerTimeout
-from harness.grade import write_report
+from harness.disguise import disguise
+from harness.engine import Cell, Launch, SuiteRun, unjudgeable
+from harness.isolation.forkserver import forked
+from harness.isolation.sandbox import DEFAULT_LIMITS, INPUT, Limits, UnsafeInput, sandboxed, staged
+from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout
+from harness.options import (
+    add_isolation,
+    isolation_problem,
+    positive,
+    report_path_problem,
+    usage_error,
+    write_report,
+)
 from harness.outcomes import Outcome, mutant_outcome
-from harness.sandbox import DEFAULT_LIMITS, Limits, SandboxedWorker, guarded
-from harness.subjects import Kind, Subject, module_source
-from harness.suite import SubjectRaised, Test
+from harness.subjects import Kind, Subject
+from harness.suite import Test
 from mutants import catalog
 
 MODULE = "tinyllm.xfmr.transformer"  # the seed's module path for the subject
@@ -62,13 +75,9 @@ def subjects() -> list[Subject]:
     ]
 
 
-def subject_source(subject: Subject) -> str:
-    """The subject's source, patched for a mutant, with comments and layout normalized away
-    (ast round trip): mutants' patches carry comments that would name them."""
-    _, source = module_source(subject.module)
-    if subject.mutant is not None:
-        source = catalog.get(subject.mutant).apply(source)
-    return ast.unparse(ast.parse(source)) + "\n"
+def subject_source(subject: Subject, rng: random.Random) -> str:
+    """The subject's source, patched for a mutant, disguised under draws from `rng`."""
+    return disguise(subject.payload()["source"], rng)
 
 
 @dataclass
@@ -83,41 +92,63 @@ class SubjectRun:
 
 
 def run_on(
-    source: Path, tests_dir: Path, module_name: str, limits: Limits, time_limit: float
+    source: str,
+    tests_dir: Path,
+    module_name: str,
+    limits: Limits,
+    time_limit: float,
+    unsafe: bool = False,
 ) -> SubjectRun:
-    """The suite on one subject's source, restarting after a test that hangs or crashes."""
+    """The suite on one subject's source, restarting after a test that hangs or crashes. The
+    subject and a copy of the suite are staged privately for this subject alone."""
     start = time.monotonic()
     out = SubjectRun()
-    while True:
-        out.workers += 1
-        events = _Events(out, time_limit)
-        worker = SandboxedWorker(
-            Subject("subject", Kind.SUBMISSION, path=str(source)),
-            limits,
+    with staged({"tests": tests_dir}, {"subject.py": source}) as stage:
+        inside = stage if unsafe else Path(INPUT)
+        launch = Launch(
+            forked if unsafe else sandboxed(stage, limits),
+            {"path": str(inside / "subject.py")},
+            ("probes", "student_suite"),
+            limits.confine(),
             COLLECT_TIMEOUT,
-            probes=("harness.student_suite",),
         )
-        try:
-            worker.load()
-            suite = worker.copy_in(tests_dir, "tests")
-            inputs = {"tests_dir": str(suite), "module_name": module_name, "skip": list(out.cells)}
-            request = {"op": "call", "probe": "student_suite", "inputs": inputs}
-            reply = worker.stream(request, events.due, events.on_event)
-            if reply.get("exit") not in (0, 1) and not out.cells:  # 1: some tests failed
-                out.error = f"pytest exited with status {reply.get('exit')} and ran no test"
-            break
-        except WorkerTimeout:
-            if events.current is None:
-                out.error = f"no test started within {COLLECT_TIMEOUT:g} s (collecting the suite)"
+        while True:
+            out.workers += 1
+            events = _Events(out, time_limit)
+            try:
+                worker = launch.worker()
+            except (WorkerDied, WorkerTimeout, SubjectRaised) as e:
+                out.error = f"the subject did not load: {e}"
                 break
-            out.cells[events.current] = Cell(Outcome.TIMEOUT, f"no result within {time_limit:g} s")
-        except (WorkerDied, SubjectRaised) as e:
-            if events.current is None:
-                out.error = str(e)
+            try:
+                inputs = {
+                    "tests_dir": str(inside / "tests"),
+                    "module_name": module_name,
+                    "skip": list(out.cells),
+                }
+                request = {"op": "call", "probe": "student_suite", "inputs": inputs}
+                reply = worker.stream(request, events.due, events.on_event)
+                code = reply.get("exit") if isinstance(reply, dict) else None
+                if code not in (0, 1) and not out.cells:  # 1: some tests failed
+                    out.error = f"pytest exited with status {code} and ran no test"
                 break
-            out.cells[events.current] = Cell(Outcome.ERROR, f"the test killed its process: {e}")
-        finally:
-            worker.close()
+            except WorkerTimeout:
+                if events.current is None:
+                    out.error = f"no test started within {COLLECT_TIMEOUT:g} s (collecting)"
+                    break
+                out.cells[events.current] = Cell(
+                    Outcome.TIMEOUT, f"no result within {time_limit:g} s"
+                )
+            except (WorkerDied, SubjectRaised) as e:
+                if events.current is None:
+                    out.error = str(e)
+                    break
+                out.cells[events.current] = Cell(Outcome.ERROR, f"the test killed its process: {e}")
+            except Exception as e:  # a malformed event from the suite: the suite's error
+                out.error = unjudgeable(e)
+                break
+            finally:
+                worker.close()
     out.seconds = time.monotonic() - start
     return out
 
@@ -134,7 +165,9 @@ class _Events:
         """When the next event must have come (time.monotonic)."""
         return self.deadline
 
-    def on_event(self, event: dict[str, Any]) -> None:
+    def on_event(self, event: Any) -> None:
+        if not isinstance(event, dict):
+            raise TypeError(f"an event must be an object, got {type(event).__name__}")
         kind = event.get("event")
         if kind == "collected" and not self.out.collected:
             self.out.collected = [str(n) for n in event["nodeids"]]
@@ -182,6 +215,7 @@ def mutation_score(
     time_limit: float = TEST_TIMEOUT,
     jobs: int | None = None,
     progress: Callable[[str, SubjectRun], None] | None = None,
+    unsafe: bool = False,
 ) -> Score:
     """Run the suite on every subject (up to `jobs` at once) and score it."""
     tests_dir = Path(tests_dir).resolve()
@@ -189,22 +223,20 @@ def mutation_score(
         raise FileNotFoundError(f"TESTS must be a folder of pytest files, got {tests_dir}")
     started = time.monotonic()
     subs = subjects()
-    with tempfile.TemporaryDirectory(prefix="xfmr-subjects-") as tmp:
-        sources = {}
-        for s in subs:
-            sources[s.name] = Path(tmp) / f"{s.name}.py"
-            sources[s.name].write_text(subject_source(s))
-        lock = threading.Lock()
+    secret = random.Random(secrets.randbits(64))  # this run's order and rewrites, never shown
+    sources = {s.name: subject_source(s, secret) for s in subs}
+    order = secret.sample(subs, len(subs))
+    lock = threading.Lock()
 
-        def one(s: Subject) -> SubjectRun:
-            r = run_on(sources[s.name], tests_dir, module_name, limits, time_limit)
-            if progress is not None:
-                with lock:
-                    progress(s.name, r)
-            return r
+    def one(s: Subject) -> SubjectRun:
+        r = run_on(sources[s.name], tests_dir, module_name, limits, time_limit, unsafe)
+        if progress is not None:
+            with lock:
+                progress(s.name, r)
+        return r
 
-        with guarded(), ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-            runs = dict(zip([s.name for s in subs], pool.map(one, subs), strict=True))
+    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
+        runs = dict(zip([s.name for s in order], pool.map(one, order), strict=True))
     return _score(subs, runs, module_name, time_limit, time.monotonic() - started)
 
 
@@ -346,18 +378,27 @@ def configure_mutation_score(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="the score as JSON")
     parser.add_argument("--stryker", metavar="FILE", help="mutation-testing-report-schema JSON")
     parser.add_argument(
-        "--time-limit", type=float, default=TEST_TIMEOUT, metavar="S", help="per test (seconds)"
+        "--time-limit",
+        type=positive(float),
+        default=TEST_TIMEOUT,
+        metavar="S",
+        help="per test (seconds)",
     )
+    add_isolation(parser)
     parser.add_argument(
-        "--memory-mb", type=int, default=Limits.memory_mb, help="address space per worker"
+        "--jobs", type=positive(int), default=None, help="subjects at once (default: CPUs)"
     )
-    parser.add_argument("--jobs", type=int, default=None, help="subjects at once (default: CPUs)")
 
 
 def run_mutation_score(args: argparse.Namespace) -> int:
     def progress(name: str, r: SubjectRun) -> None:
         print(f"  {name:<11} {len(r.cells)} tests, {r.seconds:5.1f} s", file=sys.stderr)
 
+    for path in [p for p in (args.json, args.stryker) if p]:
+        if problem := report_path_problem(path):
+            return usage_error("mutation-score", f"cannot write a report: {problem}")
+    if problem := isolation_problem(args):
+        return usage_error("mutation-score", problem)
     try:
         s = mutation_score(
             args.tests,
@@ -366,10 +407,10 @@ def run_mutation_score(args: argparse.Namespace) -> int:
             args.time_limit,
             args.jobs,
             progress,
+            args.unsafe_no_sandbox,
         )
-    except FileNotFoundError as e:
-        print(f"xfmr mutation-score: {e}", file=sys.stderr)
-        return 2
+    except (FileNotFoundError, UnsafeInput) as e:
+        return usage_error("mutation-score", str(e))
     print(text(s, args.tests))
     if args.json:
         write_report(args.json, to_json(s))

@@ -133,9 +133,24 @@ def forward_inputs(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 def read_params(state: dict[str, np.ndarray], cfg: dict, what: str = "state_dict") -> Any:
     """The oracle's Params from a subject's arrays; a Failure when they break the contract."""
     try:
-        return oracle.read_state_dict(state, cfg)
-    except (ValueError, KeyError) as e:
+        params = oracle.read_state_dict(state, cfg)
+    except (ValueError, KeyError, TypeError, IndexError) as e:
         raise Failure(f"{what} does not follow the contract's names and shapes: {e}") from None
+    bad = sorted(k for k, v in params.arrays.items() if not np.all(np.isfinite(v)))
+    if bad:
+        # the oracle's expectation from NaN weights is NaN: nothing could be judged against it
+        raise Failure(f"{what} holds values that are not finite: {', '.join(bad)}")
+    return params
+
+
+def anchor(state: dict[str, np.ndarray], cfg: dict) -> Any:
+    """The oracle's Params for a law test's anchor, or None when the weights cannot be read:
+    names and shapes are test_parameter_names_follow_the_norm's to charge, finiteness the value
+    tests', so a law test does not charge them again."""
+    try:
+        return read_params(state, cfg)
+    except Failure:
+        return None
 
 
 def where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
@@ -143,15 +158,17 @@ def where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
 
 
 def errors(got: np.ndarray, want: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, float]:
-    """|got - want| where `mask` (broadcast from the left) holds, 0 elsewhere, inf where got is
-    not finite; and the scale max(1, max |want|) that tolerances are relative to."""
+    """|got - want| where `mask` (broadcast from the left) holds, 0 elsewhere, inf where either
+    is not finite (so a NaN fails every comparison, never passes one); and the scale
+    max(1, max |want|) that tolerances are relative to."""
     keep = np.ones(want.shape, dtype=bool)
     if mask is not None:
         trailing = (1,) * (want.ndim - mask.ndim)
         keep = np.broadcast_to(mask.reshape(mask.shape + trailing), want.shape)
     err = np.where(keep, np.abs(got - want), 0.0)
-    err = np.where(keep & ~np.isfinite(got), np.inf, err)
-    return err, max(1.0, float(np.abs(np.where(keep, want, 0.0)).max(initial=0.0)))
+    err = np.where(keep & ~(np.isfinite(got) & np.isfinite(want)), np.inf, err)
+    finite = np.where(keep & np.isfinite(want), np.abs(want), 0.0)
+    return err, max(1.0, float(finite.max(initial=0.0)))
 
 
 def assert_close(
@@ -187,6 +204,11 @@ def assert_equal_bits(what: str, got: np.ndarray, want: np.ndarray, axes: tuple[
             f"{diff[i]:.3g}), largest change {diff.max():.3g}"
         )
 
+
+# An honest model's logits move by O(0.1) when an input they depend on changes; 1e-6 is far above
+# float64 rounding (1e-15) and float32's (1e-7 of O(1) values), so only an output that does not
+# read that input stays below it.
+DEPENDS = 1e-6
 
 # --- the tests --------------------------------------------------------------------------------
 
@@ -263,7 +285,10 @@ def check_golden_torch(call: Call) -> None:
 
 
 def check_decoder_is_causal(call: Call) -> None:
-    # Changing the targets after position t leaves the logits at positions 0..t bitwise equal.
+    # Changing the targets after position t leaves the logits at positions 0..t bitwise equal;
+    # and, anchored by the oracle on the subject's own weights, the positions after t whose
+    # logits the oracle moves must move too (a decoder that ignores its targets is not causal,
+    # it is blind).
     rng = np.random.default_rng(2)
     for cfg in (POST, PRE):
         base = batch(rng, cfg, src_lens=[5, 3], tgt_lens=[7, 7])
@@ -273,14 +298,28 @@ def check_decoder_is_causal(call: Call) -> None:
             variants.append({**v, "tgt_in": changed(rng, v["tgt_in"], cfg["tgt_vocab"], t + 1)})
         r = call("forward_logits", cfg=cfg, seed=12, batches=variants)
         ref = r["logits"][0]
-        for t, got in zip(cuts, r["logits"][1:], strict=True):
+        params = anchor(r["state_dict"], cfg)
+        for i, (t, got) in enumerate(zip(cuts, r["logits"][1:], strict=True)):
+            label = f"{cfg['norm']}-LN: logits at positions 0..{t} after changing the targets "
             assert_equal_bits(
-                f"{cfg['norm']}-LN: logits at positions 0..{t} after changing the targets after "
-                f"position {t}",
+                f"{label}after position {t}",
                 got[:, : t + 1],
                 ref[:, : t + 1],
                 ("row", "position", "token"),
             )
+            if params is None:
+                continue
+            want = [oracle.forward(params, **variants[j]) for j in (0, i + 1)]
+            moves = np.abs(want[1] - want[0]).max(axis=-1) > DEPENDS
+            still = np.abs(np.asarray(got) - ref).max(axis=-1) <= DEPENDS
+            blind = np.argwhere(moves & still & variants[0]["tgt_mask"])
+            if len(blind):
+                row, pos = blind[0]
+                raise Failure(
+                    f"{cfg['norm']}-LN: changing the targets after position {t} left the logits "
+                    f"at row {row}, position {pos} unchanged where the oracle's move: the decoder "
+                    "does not read its targets"
+                )
 
 
 def check_source_padding_is_never_read(call: Call) -> None:
@@ -325,10 +364,8 @@ def check_decoder_reads_the_source(call: Call) -> None:
         other = np.where(base["src_mask"], changed(rng, base["src"], cfg["src_vocab"], 0), PAD)
         r = call("forward_logits", cfg=cfg, seed=14, batches=[base, {**base, "src": other}])
         change = np.abs(r["logits"][1] - r["logits"][0]).max(axis=(1, 2))
-        # an honest model's logits move by O(0.1) when every source token changes; 1e-6 is far
-        # above rounding, so only a decoder that ignores the source stays below it
         for row, c in enumerate(change):
-            if not c > 1e-6:
+            if not c > DEPENDS:
                 raise Failure(
                     f"{cfg['norm']}-LN: changing every source token of row {row} changed its "
                     f"logits by at most {c:.3g}: the decoder does not read the source"
@@ -751,22 +788,20 @@ def addition_inputs(setup: dict[str, Any]) -> dict[str, Any]:
 
 
 def heldout_loss(call: Call, setup: dict[str, Any], seed: int) -> float:
-    """Train the subject as the setup says, then its cross-entropy on held-out sums, each
-    position predicted from its prefix alone (so a decoder that peeks ahead cannot cheat)."""
+    """Train the subject as the setup says, then the oracle's cross-entropy of its trained
+    weights on the held-out sums (teacher forcing, the oracle's causal forward pass): neither the
+    subject's own logits nor its own loss enter the verdict."""
     inputs = addition_inputs(setup)
-    tgt = inputs["eval_tgt"]
-    prefixes = [tgt[:, : t + 1] for t in range(tgt.shape[1] - 1)]
-    r = call(
-        "learn",
-        cfg=setup["config"],
-        seed=seed,
-        data=inputs["data"],
-        eval_src=inputs["eval_src"],
-        eval_prefixes=prefixes,
-        **setup["recipe"],
-    )
-    logits = np.stack([lg[:, -1] for lg in r["logits"]], axis=1)  # [N, T, V]
-    return float(oracle.label_smoothed_loss(logits, tgt[:, 1:], 0.0, PAD)[0])
+    cfg = setup["config"]
+    r = call("learn", cfg=cfg, seed=seed, data=inputs["data"], **setup["recipe"])
+    # tying is the names and embeddings tests' to charge: read untied weights as untied
+    untied = {**cfg, "tie_embeddings": False}
+    tied = "out.weight" not in r["state_dict"]
+    params = read_params(r["state_dict"], cfg if tied else untied, "the trained weights")
+    src, tgt = inputs["eval_src"], inputs["eval_tgt"]
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    logits = oracle.forward(params, src, tgt_in, src != PAD, tgt_in != PAD)
+    return float(oracle.label_smoothed_loss(logits, tgt_out, 0.0, PAD)[0])
 
 
 def check_learns_reversed_addition(call: Call) -> None:

@@ -21,16 +21,6 @@ class Failure(Exception):
     """The verdict: the subject's answer breaks the law the test states."""
 
 
-class SubjectRaised(Exception):
-    """The subject raised inside a probe; `error` is the worker's description of it."""
-
-    def __init__(self, probe: str, error: dict[str, Any]) -> None:
-        self.probe = probe
-        self.error = error
-        where = f" at {error['where']}" if error.get("where") else ""
-        super().__init__(f"{probe}: the subject raised {error['type']}: {error['message']}{where}")
-
-
 def _always(subject: Subject) -> bool:
     return True
 

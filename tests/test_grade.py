@@ -8,7 +8,7 @@ import pytest
 
 from harness import grade
 from harness.cli import main
-from harness.sandbox import forbidden_imports
+from harness.isolation.static_check import problems as forbidden_imports
 from harness.shared_tests import BY_NAME, SHARED_TESTS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,9 +127,26 @@ def test_static_check_finds_protected_imports(source, found):
     assert forbidden_imports(source) == found
 
 
-def test_a_missing_submission_is_a_clear_failure(tmp_path):
-    g = grade.grade(tmp_path / "nothing.py", [BY_NAME["test_hand_example_noam"]])
-    assert not g.passed and "neither a .py file nor a package" in g.rejected
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda d: d / "nothing.py", "does not exist"),
+        (lambda d: (d / "pkg").mkdir() or d / "pkg", "a folder without __init__.py"),
+        (lambda d: (d / "notes.txt").write_text("x") and d / "notes.txt", "is not a .py file"),
+        (lambda d: (d / "bad.py").write_text("def f(:\n") and d / "bad.py", "does not parse"),
+        (
+            lambda d: (d / "deep.py").write_text("x = " + "-" * 20000 + "1\n") and d / "deep.py",
+            "does not parse",
+        ),
+        (
+            lambda d: (d / "imp.py").write_text("import impl\n") and d / "imp.py",
+            "imports the grader's own packages",
+        ),
+    ],
+)
+def test_a_submission_that_cannot_run_is_rejected_with_its_true_reason(tmp_path, make, reason):
+    g = grade.grade(make(tmp_path), [BY_NAME["test_hand_example_noam"]])
+    assert not g.passed and reason in g.rejected, g.rejected
 
 
 ALWAYS_DROPOUT = """

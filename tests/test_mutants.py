@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness.shared_tests import BY_NAME
-from harness.subjects import Kind, Subject, load, module_source
+from harness.isolation.child.load import subject as load
+from harness.subjects import Kind, Subject, module_source
 from mutants import catalog
 from mutants.patch import Mutant, Patch, PatchError
 
@@ -50,9 +51,10 @@ def test_a_stale_patch_fails_loudly_naming_the_mutant():
         ambiguous.apply(IMPL)
 
 
-def test_a_mutant_loads_under_its_own_module_name():
-    module = load(Subject("s11", Kind.MUTANT, module="impl.transformer", mutant="s11"))
-    assert module.__name__ == "xfmr_mutant_s11"
+def test_a_mutant_reaches_its_worker_as_patched_source():
+    payload = Subject("s11", Kind.MUTANT, module="impl.transformer", mutant="s11").payload()
+    assert payload["source"] == catalog.get("s11").apply(module_source("impl.transformer")[1])
+    module = load(payload)
     assert "mutant s11" in module.__file__
     from impl import transformer
 
@@ -60,7 +62,7 @@ def test_a_mutant_loads_under_its_own_module_name():
 
 
 def test_the_sanity_mutant_makes_every_contract_function_raise():
-    module = load(Subject("sanity", Kind.SANITY, module="impl.transformer", mutant="sanity"))
+    module = load(Subject("sanity", Kind.SANITY, module="impl.transformer", mutant="sanity").payload())
     cfg = module.TransformerConfig(src_vocab=5, tgt_vocab=5, d_model=8, n_heads=2, d_ff=8)
     for call in (
         lambda: module.Transformer(cfg),

@@ -1,26 +1,31 @@
 """The worker process: loads one subject and runs probes on it for the parent.
 
-`python -m harness.worker READ_FD WRITE_FD` reads request frames on READ_FD and answers each on
-WRITE_FD (harness.protocol: plain data only). Requests:
+Started inside the sandbox (harness.isolation.sandbox) or forked by the trusted fork server
+(harness.isolation.child.forkserver), it reads request frames on one pipe and answers each on
+another (harness.wire: plain data only). Requests:
 
-- {"op": "load", "subject": spec, "rlimits": {"RLIMIT_AS": [soft, hard], ...}, "sandbox": cage}:
-  confine the worker (harness.sandbox, when "sandbox" is given) and set the resource limits
-  before any subject code runs, then import the subject.
-- {"op": "call", "probe": name, "inputs": {...}}: run harness.probes.PROBES[name](module, **inputs).
+- {"op": "load", "subject": {"path"} or {"source", "filename"}, "probes": [module, ...],
+  "confine": {"rlimits", "dir"}}: import the named probe modules of this package, confine
+  (harness.isolation.child.confine), then load the subject.
+- {"op": "call", "probe": name, "inputs": {...}}: run PROBES[name](module, **inputs).
+- {"op": "exit"}.
 
 Each answer is {"ok": true, "value": ...} or {"ok": false, "error": {type, bases, message,
-where}}. The subject's own prints go to the worker's stdout/stderr, never to the protocol pipe.
+where}}. The subject's own prints go to the worker's stdout/stderr, never to the reply pipe.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-import resource
 import sys
 import traceback
 from typing import Any
 
-from harness import protocol
+from harness import wire
+
+# The probe modules a load request may name (student_suite imports pytest: only when asked).
+PROBE_MODULES = ("probes", "student_suite")
 
 
 def describe(exc: BaseException) -> dict[str, Any]:
@@ -43,7 +48,7 @@ def emit(event: Any) -> None:
     runs long (a student's pytest suite) reports progress, so a hang costs only one step."""
     if _REPLY_FD is None:
         raise RuntimeError("emit outside serve")
-    protocol.write_frame(_REPLY_FD, {"event": event})
+    wire.write_frame(_REPLY_FD, {"event": event})
 
 
 def serve(read_fd: int, write_fd: int) -> None:
@@ -51,7 +56,7 @@ def serve(read_fd: int, write_fd: int) -> None:
     global _REPLY_FD
     import torch
 
-    from harness import probes, subjects
+    from harness.isolation.child import confine, load, probes
 
     # One intra-op thread: the parent runs several workers side by side on few cores.
     torch.set_num_threads(1)
@@ -59,39 +64,42 @@ def serve(read_fd: int, write_fd: int) -> None:
     module = None
     while True:
         try:
-            request = protocol.read_frame(read_fd)
-        except protocol.ChannelClosed:
+            request = wire.read_frame(read_fd)
+        except wire.ChannelClosed:
             return
         op = request.get("op")
         if op == "exit":
             return
         try:
             if op == "load":
-                if "sandbox" in request:  # grading's cage (harness.sandbox), before the subject
-                    from harness.sandbox import confine
-
-                    confine(request["sandbox"])
-                for name, (soft, hard) in request.get("rlimits", {}).items():
-                    resource.setrlimit(getattr(resource, name), (soft, hard))
-                module = subjects.load(subjects.Subject.from_json(request["subject"]))
+                for name in request.get("probes", []):
+                    if name not in PROBE_MODULES:
+                        raise ValueError(f"unknown probe module {name!r}")
+                    importlib.import_module(f"harness.isolation.child.{name}")
+                confine.confine(request.get("confine", {}))
+                module = load.subject(request["subject"])
                 value: Any = {"module": module.__name__}
             elif op == "call":
                 if module is None:
                     raise RuntimeError("call before load")
-                probe = probes.PROBES[request["probe"]]
-                value = probe(module, **request["inputs"])
+                value = probes.PROBES[request["probe"]](module, **request["inputs"])
             else:
                 raise ValueError(f"unknown op {op!r}")
-            reply = protocol.encode({"ok": True, "value": value})
+            reply = wire.encode({"ok": True, "value": value})
         except BaseException as exc:  # SystemExit and KeyboardInterrupt from a subject too
-            reply = protocol.encode({"ok": False, "error": describe(exc)})
+            reply = wire.encode({"ok": False, "error": describe(exc)})
         view = memoryview(reply)
         while view:
             view = view[os.write(write_fd, view) :]
 
 
-if __name__ == "__main__":
-    # serve from the imported module, not __main__: probes reach emit as harness.worker.emit
-    from harness import worker
+def main() -> None:
+    """`python -c` entry of a sandboxed worker: serve on the descriptors in argv."""
+    serve(int(sys.argv[1]), int(sys.argv[2]))
 
-    worker.serve(int(sys.argv[1]), int(sys.argv[2]))
+
+if __name__ == "__main__":
+    # serve from the imported module, not __main__: probes reach emit as serve.emit
+    from harness.isolation.child import serve as this
+
+    this.serve(int(sys.argv[1]), int(sys.argv[2]))

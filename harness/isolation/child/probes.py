@@ -1,4 +1,4 @@
-"""Probes: trusted harness code that runs in a subject's worker and calls its contract API.
+"""Probes: the worker's half of each shared test, calling the subject's contract API.
 
 A probe takes the subject's module and inputs the parent chose (JSON values and numpy arrays),
 and returns plain data (numpy arrays, lists, scalars): what the parent's verdicts judge. Probes
@@ -9,6 +9,7 @@ with torch.manual_seed, and run in float64 where the subject allows it (see `bui
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -114,14 +115,15 @@ def golden(module, cfg, seed, src, tgt_in, tgt_out, src_mask, tgt_mask, eps, pad
 
 @probe
 def forward_logits(module, cfg, seed, batches) -> dict[str, Any]:
-    """forward(src, tgt_in, src_mask, tgt_mask) of one model on each batch, in eval mode."""
+    """forward(src, tgt_in, src_mask, tgt_mask) of one model on each batch, in eval mode, and
+    its weights (for the oracle's anchor)."""
     model, dtype = build(module, cfg, seed)
     with torch.no_grad():
         logits = [
             _np(model(_t(b["src"]), _t(b["tgt_in"]), _t(b["src_mask"]), _t(b["tgt_mask"])))
             for b in batches
         ]
-    return {"dtype": dtype, "logits": logits}
+    return {"dtype": dtype, "logits": logits, "state_dict": _state_dict(model)}
 
 
 @probe
@@ -361,19 +363,62 @@ def bad_inputs(module, cfg, seed) -> dict[str, Any]:
 
 
 @probe
-def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr, eval_src, eval_prefixes):
-    """fit for `steps` updates, then the trained model's logits on each held-out target prefix
-    (eval mode): the parent reads each prefix's last position."""
+def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr):
+    """fit for `steps` updates; the trained weights, which the parent judges with the oracle
+    (never the subject's own logits or loss)."""
     torch.manual_seed(seed)
     # the model's own dtype (float32 as users train it): a learning bar, not a rounding check
     model = module.Transformer(module.TransformerConfig(**cfg))
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
     run = _fit(module, model, data, seed, **kw)
-    model.eval()
-    src = _t(eval_src)
-    with torch.no_grad():
-        logits = [
-            _np(model(src, _t(p), src != data["pad_id"], _t(p) != data["pad_id"]))
-            for p in eval_prefixes
-        ]
-    return {"losses": run["losses"], "logits": logits}
+    return {"losses": run["losses"], "state_dict": _state_dict(model)}
+
+
+# torch's nn.TransformerEncoder/Decoder names (the torch copy's) -> the contract's.
+_TORCH_NAMES = (
+    (re.compile(r"^(encoder|decoder)\.layers\.(\d+)"), r"\1.\2"),
+    (re.compile(r"\.multihead_attn$"), ".cross_attn"),
+    (re.compile(r"^encoder\.norm$"), "enc_norm"),
+    (re.compile(r"^decoder\.norm$"), "dec_norm"),
+)
+_CONTRACT_NAME = re.compile(
+    r"^(encoder\.\d+(\.(self_attn|norm[12]|linear[12]))?|enc_norm|"
+    r"decoder\.\d+(\.(self_attn|cross_attn|norm[123]|linear[12]))?|dec_norm)$"
+)
+
+
+def contract_name(name: str) -> str:
+    """A submodule's name in the contract's scheme (torch's stack names translated)."""
+    for pattern, replacement in _TORCH_NAMES:
+        name = pattern.sub(replacement, name)
+    return name
+
+
+@probe
+def module_outputs(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+    """The output of each contract-named submodule during one forward pass (a tuple output
+    counts by its first element; a module called twice by its first call), and the weights:
+    the parent's diagnosis compares them with the oracle's trace."""
+    model, dtype = build(module, cfg, seed)
+    outputs: dict[str, np.ndarray] = {}
+
+    def hook(name: str):
+        def record(mod: torch.nn.Module, args: Any, out: Any) -> None:
+            first = out[0] if isinstance(out, tuple) and out else out
+            if isinstance(first, torch.Tensor) and name not in outputs:
+                outputs[name] = _np(first)
+
+        return record
+
+    for name, sub in model.named_modules():
+        if _CONTRACT_NAME.match(contract_name(name)):
+            sub.register_forward_hook(hook(contract_name(name)))
+    # gradients stay enabled: under no_grad torch's own layers take a fused fast path that
+    # never calls their submodules, so their hooks would not fire
+    logits = model(_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
+    return {
+        "dtype": dtype,
+        "state_dict": _state_dict(model),
+        "outputs": outputs,
+        "logits": _np(logits),
+    }

@@ -1,5 +1,8 @@
 """The wire format between the trusted parent and a subject's worker: JSON plus raw arrays.
 
+Both sides of the trust boundary import this module (harness.isolation on the parent's side,
+harness.isolation.child inside the worker), so it imports nothing but numpy.
+
 A frame is MAGIC, the JSON length (u32) and the payload length (u64), big-endian, then the JSON
 document, then the payload. The document is {"body": tree, "arrays": [{dtype, shape, nbytes}]};
 inside the tree an array is the object {"__ndarray__": i} and its bytes follow the previous
@@ -96,9 +99,17 @@ def _to_tree(value: Any, arrays: list[np.ndarray]) -> Any:
 def decode(doc: bytes, payload: bytes) -> Any:
     """The body of a frame from its JSON document and payload (the inverse of encode)."""
     try:
-        parsed = json.loads(doc)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ProtocolError(f"frame JSON does not parse: {e}") from None
+        return _decode(doc, payload)
+    except ProtocolError:
+        raise
+    except (ValueError, RecursionError, MemoryError, TypeError, KeyError) as e:
+        # what an untrusted peer can make the parser do: too deep a tree (RecursionError), an
+        # integer of more digits than int() converts (ValueError), a malformed description
+        raise ProtocolError(f"frame does not parse: {type(e).__name__}: {str(e)[:200]}") from None
+
+
+def _decode(doc: bytes, payload: bytes) -> Any:
+    parsed = json.loads(doc)
     if not isinstance(parsed, dict) or set(parsed) != {"body", "arrays"}:
         raise ProtocolError("frame JSON must be an object with exactly 'body' and 'arrays'")
     meta = parsed["arrays"]

@@ -1,0 +1,213 @@
+"""The parent's handle on one worker process: two pipes only the parent writes, a log, a deadline.
+
+How the process starts is the caller's choice (a `Start`): sandboxed for untrusted code
+(harness.isolation.sandbox), forked from the trusted fork server for impl and the mutants
+(harness.isolation.forkserver). Everything that comes back is untrusted data: a malformed frame,
+an early exit or a silence is the worker's failure (WorkerDied, WorkerTimeout), never the
+parent's exception.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from harness import wire
+
+# Loading takes ~0.1 s from the fork server and ~4 s in a fresh sandbox (torch's imports); 60 s
+# leaves room for a loaded machine without letting a hang at import stall the run for long.
+LOAD_TIMEOUT = 60.0
+# How often a wait for a reply checks that the worker still runs (seconds).
+_LIVENESS_SLICE = 0.25
+
+
+class WorkerDied(Exception):
+    """The worker stopped answering: it exited, was killed by a signal, or broke the protocol."""
+
+
+class WorkerTimeout(Exception):
+    """The worker did not answer before the deadline."""
+
+
+class SubjectRaised(Exception):
+    """The subject raised inside a probe; `error` is the worker's description of it."""
+
+    def __init__(self, probe: str, error: dict[str, Any]) -> None:
+        self.probe = probe
+        self.error = error
+        where = f" at {error['where']}" if error.get("where") else ""
+        super().__init__(f"{probe}: the subject raised {error['type']}: {error['message']}{where}")
+
+
+class Process(Protocol):
+    """A started worker as its launcher sees it."""
+
+    pid: int
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code (negative: killed by that signal), None if still running."""
+
+    def kill(self) -> None:
+        """Kill the worker and everything it started."""
+
+    def release(self) -> None:
+        """Free what the launcher set up for it (a staging folder), once it is dead."""
+
+
+# start(request read end, reply write end, log descriptor) -> the running process
+Start = Callable[[int, int, int], Process]
+
+
+class Worker:
+    """One subject's worker process."""
+
+    def __init__(self, start: Start) -> None:
+        self.status: int | None = None  # the exit code once reaped; negative: a signal
+        self._log = tempfile.NamedTemporaryFile(prefix="xfmr-worker-", suffix=".log")
+        req_r, self._req_w = os.pipe()
+        self._resp_r, resp_w = os.pipe()
+        try:
+            self.process = start(req_r, resp_w, self._log.fileno())
+        except BaseException:
+            for fd in (self._req_w, self._resp_r):
+                os.close(fd)
+            self._log.close()
+            raise
+        finally:
+            os.close(req_r)
+            os.close(resp_w)
+        self.pid = self.process.pid
+
+    def load(
+        self,
+        subject: dict[str, Any],
+        deadline: float,
+        probes: tuple[str, ...] = ("probes",),
+        confine: dict[str, Any] | None = None,
+    ) -> None:
+        """Import the named probe modules, confine the worker, then load the subject there."""
+        request = {"op": "load", "subject": subject, "probes": list(probes)}
+        self.request({**request, "confine": confine or {}}, deadline)
+
+    def call(self, probe: str, deadline: float, **inputs: Any) -> Any:
+        """Run one probe on the loaded subject."""
+        return self.request({"op": "call", "probe": probe, "inputs": inputs}, deadline)
+
+    def request(self, body: dict[str, Any], deadline: float) -> Any:
+        """Send one request; the worker's value, or SubjectRaised / WorkerTimeout / WorkerDied."""
+        self.send(body)
+        return self._value(body, self.receive(deadline))
+
+    def send(self, body: dict[str, Any]) -> None:
+        """Write one request frame; WorkerDied if the worker's end is gone."""
+        try:
+            wire.write_frame(self._req_w, body)
+        except OSError as e:
+            raise WorkerDied(self._death(e)) from None
+
+    def receive(self, deadline: float) -> Any:
+        """The next frame from the worker, as sent; WorkerTimeout / WorkerDied.
+
+        Waits in short slices, checking that the worker still runs: a worker that exited while
+        a process it started holds its end of the pipe open never sends end-of-file.
+        """
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WorkerTimeout()
+            if select.select([self._resp_r], [], [], min(left, _LIVENESS_SLICE))[0]:
+                break
+            if self._reap(0.0) is not None:
+                held = wire.ChannelClosed("and a process it started holds its pipe open")
+                raise WorkerDied(self._death(held))
+        try:
+            return wire.read_frame(self._resp_r, max(0.0, deadline - time.monotonic()))
+        except wire.FrameTimeout:
+            raise WorkerTimeout() from None
+        except (wire.ProtocolError, OSError) as e:
+            raise WorkerDied(self._death(e)) from None
+
+    def stream(
+        self, body: dict[str, Any], due: Callable[[], float], on_event: Callable[[Any], None]
+    ) -> Any:
+        """Send a request whose probe emits events (serve.emit) before its reply: each event goes
+        to on_event, each frame must arrive by due(); returns the reply's value."""
+        self.send(body)
+        while True:
+            frame = self.receive(due())
+            if not (isinstance(frame, dict) and set(frame) == {"event"}):
+                return self._value(body, frame)
+            on_event(frame["event"])
+
+    def _value(self, body: dict[str, Any], reply: Any) -> Any:
+        """A reply frame's value; SubjectRaised for an error reply, WorkerDied for a bad one."""
+        ok = isinstance(reply, dict) and isinstance(reply.get("ok"), bool)
+        if not ok or (reply["ok"] and "value" not in reply):
+            raise WorkerDied(self._death(wire.ProtocolError("reply is not {ok, value|error}")))
+        if not reply["ok"]:
+            error = reply.get("error")
+            fields = isinstance(error, dict) and {"type", "message"} <= set(error)
+            if not fields or not all(isinstance(error[k], str) for k in ("type", "message")):
+                raise WorkerDied(self._death(wire.ProtocolError("malformed error reply")))
+            if not isinstance(error.get("bases", []), list) or not isinstance(
+                error.get("where", ""), str
+            ):
+                raise WorkerDied(self._death(wire.ProtocolError("malformed error reply")))
+            raise SubjectRaised(str(body.get("probe", body["op"])), error)
+        return reply["value"]
+
+    def _death(self, cause: Exception) -> str:
+        """Why the worker stopped answering, from its exit status and the tail of its output."""
+        # a worker that crashed closed its pipe as it died: its status is there within a second
+        if self._reap(1.0) is None:
+            self.kill()
+            reason = f"worker stopped answering ({cause}) but kept running; killed"
+        else:
+            if self.status < 0:
+                reason = f"worker killed by signal {_signal_name(-self.status)}"
+            else:
+                reason = f"worker exited with status {self.status}"
+            if not isinstance(cause, wire.ChannelClosed):
+                reason += f" after a protocol error ({cause})"
+        tail = self.output_tail()
+        return f"{reason}; its last output: {tail}" if tail else reason
+
+    def _reap(self, timeout: float) -> int | None:
+        """The exit code, waiting up to `timeout` s for it; None if the worker still runs."""
+        if self.status is None:
+            self.status = self.process.wait(timeout)
+        return self.status
+
+    def output_tail(self, n: int = 600) -> str:
+        """The last n characters the worker (and the subject) printed."""
+        self._log.seek(0, os.SEEK_END)
+        size = self._log.tell()
+        self._log.seek(max(0, size - n))
+        return self._log.read().decode(errors="replace").strip()
+
+    def kill(self) -> None:
+        """Kill the worker and everything it started, and reap it."""
+        self.process.kill()
+        self._reap(30.0)
+
+    def close(self) -> None:
+        """Kill whatever is left of the worker and release its pipes, log and launcher state."""
+        try:
+            self.kill()
+        finally:
+            for fd in (self._req_w, self._resp_r):
+                os.close(fd)
+            self._log.close()
+            self.process.release()
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
