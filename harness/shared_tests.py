@@ -143,14 +143,19 @@ def read_params(state: dict[str, np.ndarray], cfg: dict, what: str = "state_dict
     return params
 
 
-def anchor(state: dict[str, np.ndarray], cfg: dict) -> Any:
-    """The oracle's Params for a law test's anchor, or None when the weights cannot be read:
-    names and shapes are test_parameter_names_follow_the_norm's to charge, finiteness the value
-    tests', so a law test does not charge them again."""
-    try:
-        return read_params(state, cfg)
-    except Failure:
-        return None
+def tying(cfg: dict) -> str:
+    """The contract's tying scheme of a config: one table (all), target and output (tgt_out),
+    or none."""
+    if not cfg["tie_embeddings"]:
+        return "none"
+    return "all" if cfg["src_vocab"] == cfg["tgt_vocab"] else "tgt_out"
+
+
+def contract_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """The contract's state_dict names and shapes for `cfg`."""
+    names = contract_keys(cfg["n_enc"], cfg["n_dec"], cfg["norm"], tying(cfg))
+    dims = (cfg["d_model"], cfg["d_ff"], cfg["src_vocab"], cfg["tgt_vocab"])
+    return {name: expected_shape(name, *dims) for name in names}
 
 
 def where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
@@ -286,9 +291,10 @@ def check_golden_torch(call: Call) -> None:
 
 def check_decoder_is_causal(call: Call) -> None:
     # Changing the targets after position t leaves the logits at positions 0..t bitwise equal;
-    # and, anchored by the oracle on the subject's own weights, the positions after t whose
-    # logits the oracle moves must move too (a decoder that ignores its targets is not causal,
-    # it is blind).
+    # and, anchored by the oracle, the positions after t whose logits the contract's model moves
+    # must move too (a decoder that ignores its targets is not causal, it is blind). Which
+    # positions move is the architecture's, not the weights': the oracle runs on weights the
+    # parent draws, so the anchor never reads (or charges) the subject's own state_dict.
     rng = np.random.default_rng(2)
     for cfg in (POST, PRE):
         base = batch(rng, cfg, src_lens=[5, 3], tgt_lens=[7, 7])
@@ -298,7 +304,7 @@ def check_decoder_is_causal(call: Call) -> None:
             variants.append({**v, "tgt_in": changed(rng, v["tgt_in"], cfg["tgt_vocab"], t + 1)})
         r = call("forward_logits", cfg=cfg, seed=12, batches=variants)
         ref = r["logits"][0]
-        params = anchor(r["state_dict"], cfg)
+        params = contract_params(cfg, seed=12)
         for i, (t, got) in enumerate(zip(cuts, r["logits"][1:], strict=True)):
             label = f"{cfg['norm']}-LN: logits at positions 0..{t} after changing the targets "
             assert_equal_bits(
@@ -307,8 +313,6 @@ def check_decoder_is_causal(call: Call) -> None:
                 ref[:, : t + 1],
                 ("row", "position", "token"),
             )
-            if params is None:
-                continue
             want = [oracle.forward(params, **variants[j]) for j in (0, i + 1)]
             moves = np.abs(want[1] - want[0]).max(axis=-1) > DEPENDS
             still = np.abs(np.asarray(got) - ref).max(axis=-1) <= DEPENDS
@@ -471,20 +475,12 @@ def check_parameter_names_follow_the_norm(call: Call) -> None:
     ]
     got_all = call("state_dict_shapes", cfgs=cfgs)
     for cfg, got in zip(cfgs, got_all, strict=True):
-        tie = (
-            "none"
-            if not cfg["tie_embeddings"]
-            else ("all" if cfg["src_vocab"] == cfg["tgt_vocab"] else "tgt_out")
-        )
-        want = contract_keys(cfg["n_enc"], cfg["n_dec"], cfg["norm"], tie)
-        label = f"{cfg['norm']}-LN, {cfg['n_enc']}+{cfg['n_dec']} layers, tie {tie}"
+        want = contract_shapes(cfg)
+        label = f"{cfg['norm']}-LN, {cfg['n_enc']}+{cfg['n_dec']} layers, tie {tying(cfg)}"
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
         if missing or extra:
             raise Failure(f"{label}: state_dict names missing {missing}, unexpected {extra}")
-        for name in want:
-            shape = expected_shape(
-                name, cfg["d_model"], cfg["d_ff"], cfg["src_vocab"], cfg["tgt_vocab"]
-            )
+        for name, shape in want.items():
             if tuple(got[name]) != shape:
                 raise Failure(f"{label}: {name} has shape {tuple(got[name])}, expected {shape}")
     post, pre = set(got_all[0]), set(got_all[1])
@@ -599,6 +595,12 @@ def draw_weights(shapes: dict[str, list[int]], cfg: dict, seed: int) -> dict[str
         else:
             out[name] = 0.1 * rng.normal(size=shape)
     return out
+
+
+def contract_params(cfg: dict, seed: int) -> Any:
+    """The oracle's Params of the contract's model for `cfg`, on weights the parent draws."""
+    shapes = {name: list(shape) for name, shape in contract_shapes(cfg).items()}
+    return oracle.read_state_dict(draw_weights(shapes, cfg, seed), cfg)
 
 
 def choose_eos(params: Any, src: np.ndarray, max_len: int) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.shared_tests import BY_NAME
 from harness.isolation.child.load import subject as load
+from harness.shared_tests import BY_NAME
 from harness.subjects import Kind, Subject, module_source
 from mutants import catalog
 from mutants.patch import Mutant, Patch, PatchError
@@ -62,7 +62,9 @@ def test_a_mutant_reaches_its_worker_as_patched_source():
 
 
 def test_the_sanity_mutant_makes_every_contract_function_raise():
-    module = load(Subject("sanity", Kind.SANITY, module="impl.transformer", mutant="sanity").payload())
+    module = load(
+        Subject("sanity", Kind.SANITY, module="impl.transformer", mutant="sanity").payload()
+    )
     cfg = module.TransformerConfig(src_vocab=5, tgt_vocab=5, d_model=8, n_heads=2, d_ff=8)
     for call in (
         lambda: module.Transformer(cfg),

@@ -184,6 +184,7 @@ def command(stage: Path, limits: Limits, code: str, *argv: str) -> list[str]:
     args += ["--ro-bind", str(stage), INPUT]
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += ["--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+    args += ["--remount-ro", "/"]  # the sandbox's own root (its mount points) read-only too
     # -I: no environment, no user site, no script folder; -S: no site (no .pth file runs);
     # -B: nothing written next to the sources
     boot = f"import sys; sys.path[:0] = {[LIB, *_python_paths()]!r}\n{code}"
@@ -296,7 +297,7 @@ try:
 except OSError:
     pass
 open("/tmp/probe", "w").write("ok")
-for p in ("/usr/probe", "/sandbox/probe"):
+for p in ("/usr/probe", "/sandbox/probe", "/probe", "/etc/probe"):
     try:
         open(p, "w")
         raise AssertionError(("writable", p))

@@ -1,3 +1,3 @@
-"""The hostile submissions are data for tests/test_grade_hostile.py, never tests themselves."""
+"""The hostile submissions and suites are data for tests/test_hostile.py, never tests themselves."""
 
-collect_ignore_glob = ["hostile_*.py"]
+collect_ignore_glob = ["hostile_*.py", "attack_*.py", "suites"]

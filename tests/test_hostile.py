@@ -1,0 +1,359 @@
+"""Hostile submissions and suites (tests/hostile/) against the real sandbox: each ends in the
+grade it deserves with a clear reason, in bounded time, and leaves the grader, the machine, the
+project and the reports unharmed. One `xfmr grade-batch` grades every submission at once, as a
+course would, with a correct classmate among them.
+
+What "unharmed" means here, checked around the batch: no file of the project, of site-packages,
+of the grader's working directory or of /root changed; no process of the batch left; every
+report written by the grader and only by it; no traceback of the grader's own.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.grade import grade
+from harness.mutation_score import mutation_score
+from harness.shared_tests import BY_NAME
+from harness.subjects import module_source
+
+ROOT = Path(__file__).resolve().parents[1]
+HOSTILE = Path(__file__).parent / "hostile"
+# The schedule (every overlay's real fault), the golden forward pass (where most attacks fire)
+# and causality (the blind decoder's law). 5 s per test bounds a hang; each takes under 1 s.
+TESTS = "test_hand_example_noam,test_golden_torch,test_decoder_is_causal"
+TIME_LIMIT = "5"
+MARKERS = (b"4242.5", b"xfmr-stage-")  # hostile_detached's sleep; a sandbox's staged input
+
+
+def overlay(name: str, folder: Path, **fill: str) -> Path:
+    """A submission: the torch copy with the hostile overlay appended."""
+    return standalone(name, folder, (ROOT / "impl" / "torch_copy.py").read_text() + "\n\n", **fill)
+
+
+def standalone(name: str, folder: Path, prefix: str = "", **fill: str) -> Path:
+    text = prefix + (HOSTILE / f"{name}.py").read_text()
+    for key, value in fill.items():
+        text = text.replace(f"__{key}__", value)
+    path = folder / f"{name}.py"
+    path.write_text(text)
+    return path
+
+
+def snapshot() -> dict[str, str]:
+    """What no submission may change: the project's files (git's view), site-packages' listing,
+    the grader's working directory and /root's dot files."""
+    git = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    ).stdout
+    tracked = subprocess.run(
+        ["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True
+    ).stdout
+    digest = hashlib.sha256()
+    for line in tracked.splitlines():
+        path = ROOT / line.split("\t", 1)[1]
+        if path.is_file():
+            digest.update(path.read_bytes())
+    site = sysconfig.get_paths()["purelib"]
+    root_files = {p.name: p.read_bytes() for p in Path("/root").glob(".*") if p.is_file()}
+    return {
+        "git status": git,
+        "tracked files": digest.hexdigest(),
+        "site-packages": "\n".join(sorted(os.listdir(site))),
+        "cwd": "\n".join(sorted(os.listdir(os.getcwd()))),
+        "/root": hashlib.sha256(repr(sorted(root_files.items())).encode()).hexdigest(),
+    }
+
+
+def leftovers() -> list[str]:
+    """Processes of the batch still alive: a sandbox, or a hostile child."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z" and (any(m in cmd for m in MARKERS) or cmd.startswith(b"bwrap")):
+                found.append(cmd.replace(b"\0", b" ").decode(errors="replace")[:200])
+    return found
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """Every hostile submission and one correct classmate, graded by one `xfmr grade-batch`."""
+    folder = tmp_path_factory.mktemp("hostile")
+    out = tmp_path_factory.mktemp("grades")
+    overlays = sorted(
+        p.stem for p in HOSTILE.glob("hostile_*.py") if p.stem != "hostile_results_file"
+    )
+    overlays += ["attack_wire", "attack_nan", "attack_blind_decoder"]
+    for name in overlays:
+        overlay(name, folder, PROJECT=str(ROOT))
+    overlay("attack_signals", folder, REPORT=str(out / "attack_signals.gradescope.json"))
+    fill = {
+        "PROJECT": str(ROOT),
+        "REPORT": str(out / "attack_escape.gradescope.json"),
+        "GRADER_CWD": os.getcwd(),
+    }
+    standalone("attack_escape", folder, **fill)
+    standalone("attack_classmate", folder)
+    (folder / "victim.py").write_text((ROOT / "impl" / "torch_copy.py").read_text())
+    before = snapshot()
+    start = time.monotonic()
+    status = main(
+        ["grade-batch", str(folder), "--out", str(out), "--tests", TESTS]
+        + ["--time-limit", TIME_LIMIT, "--jobs", "2"]
+    )
+    wall = time.monotonic() - start
+    names = sorted(p.stem for p in folder.glob("*.py"))
+    results = {n: json.loads((out / f"{n}.gradescope.json").read_text()) for n in names}
+    time.sleep(4)  # attack_signals' lingering child would rewrite its report after 3 s
+    after = {n: json.loads((out / f"{n}.gradescope.json").read_text()) for n in names}
+    return {
+        "status": status,
+        "out": out,
+        "results": results,
+        "after": after,
+        "wall": wall,
+        "before": before,
+        "changed": {k: v for k, v in snapshot().items() if v != before[k]},
+        "leftovers": leftovers(),
+    }
+
+
+def outputs(batch, name: str) -> dict[str, tuple[str, str]]:
+    return {t["name"]: (t["status"], t["output"]) for t in batch["results"][name]["tests"]}
+
+
+def findings(batch, name: str) -> dict:
+    """What a standalone attack reported through its grade (FINDINGS {...})."""
+    _, output = outputs(batch, name)["test_hand_example_noam"]
+    match = re.search(r"FINDINGS (\{.*\})", output)
+    assert match, output
+    return json.loads(match.group(1))
+
+
+# overlay -> (test, words its output must hold)
+EXPECTED = {
+    "hostile_exit0": ("test_golden_torch", "worker exited with status 0"),
+    "hostile_systemexit": ("test_golden_torch", "raised SystemExit"),
+    "hostile_patch_compare": ("test_golden_torch", "max abs error"),
+    "hostile_hang": ("test_hand_example_noam", "timed out: no answer within 5 s"),
+    "hostile_memory": ("test_golden_torch", "can't allocate memory"),
+    "hostile_segfault": ("test_golden_torch", "killed by signal SIGSEGV"),
+    "hostile_detached": ("test_golden_torch", "worker exited with status 0"),
+    "hostile_tensor_subclass": ("test_golden_torch", "max abs error 0.25"),
+    "hostile_import_reference": ("test_golden_torch", "imports impl.transformer"),
+    "hostile_import_dynamic": ("test_golden_torch", "ProtectedImport"),
+    # forged frames: the grader's parser says why, and the worker's test is lost, not the grader
+    "attack_wire": ("test_hand_example_noam", "protocol error (frame does not parse"),
+    "attack_nan": ("test_golden_torch", "values that are not finite"),
+    "attack_blind_decoder": ("test_decoder_is_causal", "does not read its targets"),
+    "attack_signals": ("test_hand_example_noam", "worker killed by signal SIGKILL"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_hostile_submission_fails_with_its_reason(batch, name):
+    test, words = EXPECTED[name]
+    status, output = outputs(batch, name)[test]
+    assert status == "failed" and words in output, output
+    assert batch["results"][name]["score"] < sum(
+        t["max_score"] for t in batch["results"][name]["tests"]
+    )
+
+
+def test_forged_answers_are_judged_as_unreadable_not_as_grader_errors(batch):
+    # strings and a 1-D table where arrays belong: the check says so in one line
+    status, output = outputs(batch, "attack_wire")["test_golden_torch"]
+    assert status == "failed" and "Traceback" not in output, output
+    for name, result in batch["results"].items():
+        assert "grader error" not in result["output"], (name, result["output"])
+        for t in result["tests"]:
+            assert "grader error" not in t["output"] and "Traceback" not in t["output"], (name, t)
+
+
+def test_memory_bomb_in_python_is_a_memory_error(batch):
+    status, output = outputs(batch, "hostile_memory")["test_hand_example_noam"]
+    assert status == "failed" and "MemoryError" in output, output
+
+
+def test_the_reference_is_not_there_to_read(batch):
+    _, output = outputs(batch, "hostile_import_dynamic")["test_golden_torch"]
+    assert "No such file or directory" in output and "impl/transformer.py" in output, output
+
+
+def test_no_route_out_of_the_sandbox(batch):
+    # the old cage's escapes, each tried from inside: no read of the project (so nothing to
+    # steal: the score is 0), no write outside the private /tmp, nothing of the judge in memory,
+    # no other process in view, no network, the unprivileged uid
+    found = findings(batch, "attack_escape")
+    assert set(found["read"]) >= {"double slash", "symlink in cwd", "dir_fd", "cat", "git objects"}
+    assert all(v is None for v in found["read"].values()), found["read"]
+    assert not any(found["wrote"].values()), found["wrote"]
+    assert found["modules"] == []
+    # the only process in view is its own sandbox's pid 1 (bwrap's reaper): it may stop that
+    assert found["processes"] == [] and found.get("stopped parent") in (None, 1)
+    assert found["network"] == []
+    assert found["identity"]["uid"] == 65534
+    assert batch["results"]["attack_escape"]["score"] == 0
+
+
+def test_classmates_are_out_of_reach(batch):
+    # the attacker sees neither the victim's file nor the grader's command line, and its
+    # SIGKILL of every process it may signal reaches only its own sandbox
+    found = findings(batch, "attack_classmate")
+    assert found["submissions"] == []
+    assert not any("grade-batch" in c or "pytest" in c for c in found["cmdlines"]), found
+    assert found["tmp"] == []
+    assert batch["results"]["attack_classmate"]["score"] == 0
+    victim = batch["results"]["victim"]
+    assert victim["score"] == sum(t["max_score"] for t in victim["tests"]) > 0
+
+
+def test_nothing_outside_the_run_changed(batch):
+    assert batch["changed"] == {}
+
+
+def test_no_process_is_left_behind(batch):
+    # hostile_detached's `sleep 4242.5` in its own session, attack_signals' CLONE_PARENT child
+    assert batch["leftovers"] == []
+
+
+def test_reports_are_the_graders_alone(batch):
+    # attack_escape appended to its report path and attack_signals' child wanted to rewrite its
+    # own after the grader left: both reports are what the grader wrote
+    for name in ("attack_escape", "attack_signals"):
+        assert batch["after"][name] == batch["results"][name]
+    assert batch["results"]["attack_escape"]["score"] == 0
+    noam = {t["name"]: t for t in batch["results"]["attack_signals"]["tests"]}
+    assert noam["test_hand_example_noam"]["status"] == "failed"
+
+
+def test_batch_is_bounded_and_summarized(batch):
+    assert batch["status"] == 1  # some submission failed
+    # 17 submissions, 2 at a time: a sandbox starts in ~2 s; one 5 s hang, one 5 s stop
+    assert batch["wall"] < 150
+    rows = list(csv.DictReader((batch["out"] / "grades.csv").open()))
+    assert sorted(r["submission"] for r in rows) == sorted(f"{n}.py" for n in batch["results"])
+    hardest = list(csv.DictReader((batch["out"] / "hardest_tests.csv").open()))
+    assert {r["test"] for r in hardest} == set(TESTS.split(","))
+
+
+def test_a_fit_that_never_trains_does_not_learn(tmp_path):
+    # its own losses fall to zero; the oracle's loss of its (untrained) weights does not
+    g = grade(overlay("attack_lazy_fit", tmp_path), [BY_NAME["test_learns_reversed_addition"]])
+    [result] = g.tests
+    assert result.outcome == "killed" and "held-out loss" in result.message, result.message
+
+
+def test_a_package_with_a_link_loop_is_rejected(tmp_path):
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text((ROOT / "impl" / "torch_copy.py").read_text())
+    (package / "loop").symlink_to(".")
+    g = grade(package, [BY_NAME["test_hand_example_noam"]])
+    assert "symbolic link" in g.rejected and g.score == 0
+
+
+def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+def test_a_report_path_that_is_not_a_file_is_a_usage_error(tmp_path):
+    (tmp_path / "grade.json").mkdir()
+    done = cli("grade", "impl/torch_copy.py", "--json", str(tmp_path / "grade.json"))
+    assert done.returncode == 2 and "is not a file" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_without_a_sandbox_grading_refuses_unless_told_it_is_unsafe(tmp_path):
+    # no bwrap on PATH: exit 2 with the reason; --unsafe-no-sandbox runs, and the report says so
+    env = {**os.environ, "PATH": str(tmp_path)}
+    args = ["grade", "impl/torch_copy.py", "--tests", "test_hand_example_noam"]
+    done = cli(*args, env=env)
+    assert done.returncode == 2 and "refusing to run untrusted code" in done.stderr, done.stderr
+    report = tmp_path / "results.json"
+    done = cli(*args, "--unsafe-no-sandbox", "--gradescope", str(report), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "UNSAFE" in done.stdout and "UNSAFE" in json.loads(report.read_text())["output"]
+
+
+def test_planted_results_never_stand_in_for_the_report(tmp_path):
+    # the submission looks for report paths in every command line it can see and writes a
+    # perfect result there (and in /tmp, and in its working directory)
+    submission = overlay("hostile_results_file", tmp_path)
+    report, scope = tmp_path / "grade.json", tmp_path / "results.json"
+    done = cli(
+        "grade",
+        str(submission),
+        "--tests",
+        TESTS,
+        "--time-limit",
+        TIME_LIMIT,
+        "--json",
+        str(report),
+        "--gradescope",
+        str(scope),
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    grade_report = json.loads(report.read_text())
+    assert not grade_report["passed"] and grade_report["score"] < grade_report["max_score"]
+    noam = {t["name"]: t for t in json.loads(scope.read_text())["tests"]}["test_hand_example_noam"]
+    assert noam["status"] == "failed" and "expected 0.03125" in noam["output"]
+
+
+# --- students' suites -----------------------------------------------------------------------
+
+
+def normalized_hash(module: str) -> str:
+    """What the old harness handed a suite: the ast round trip of the subject's source."""
+    text = ast.unparse(ast.parse(module_source(module)[1]))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_a_suite_cannot_recognise_subjects_by_order_or_text(tmp_path):
+    # slot files in a shared place, and the hashes of the correct subjects' text: with a
+    # private /tmp per subject, a secret order and rewritten sources, neither works
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / "test_slots.py").write_text((HOSTILE / "suites/slots/test_slots.py").read_text())
+    hashes = ",".join(normalized_hash(m) for m in ("impl.transformer", "impl.torch_copy"))
+    text = (HOSTILE / "suites/recognise/test_recognise.py").read_text()
+    (suite / "test_recognise.py").write_text(text.replace("__HASHES__", hashes))
+    score = mutation_score(suite, jobs=2)
+    assert score.killed == [] and not score.passed
+    # the slot test passes everywhere; the recognising test fails on the correct subjects
+    assert "test_recognise.py::test_is_a_correct_subject" in score.false_alarms
+    assert leftovers() == []
+
+
+def test_a_suite_that_forges_events_is_its_own_error(tmp_path):
+    score = mutation_score(HOSTILE / "suites" / "events", jobs=2)
+    assert score.invalid and not score.passed
+    assert all("could not be judged" in e or "protocol" in e for e in score.errors.values())
