@@ -82,6 +82,7 @@ class SuiteRun:
     cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
     subject_seconds: dict[str, float] = field(default_factory=dict)
     worker_starts: dict[str, int] = field(default_factory=dict)
+    start_seconds: dict[str, list[float]] = field(default_factory=dict)  # each worker's start-up
     wall_seconds: float = 0.0
 
     def cell(self, test: str, subject: str) -> Cell:
@@ -134,12 +135,13 @@ def run_subject(
     tests: Sequence[Test],
     on_cell: Callable[[Test, Cell], None],
     launch: Callable[[Subject], Launch] = trusted,
-) -> tuple[dict[str, Cell], int]:
-    """Every test on one subject in order, restarting the worker after a timeout or a crash."""
+) -> tuple[dict[str, Cell], list[float]]:
+    """Every test on one subject in order, restarting the worker after a timeout or a crash;
+    the cells, and each worker start's seconds (the last one's failed to load if load failed)."""
     cells: dict[str, Cell] = {}
     worker: Worker | None = None
     load_failure: Cell | None = None  # a subject that cannot load fails every test the same way
-    starts = 0
+    starts: list[float] = []
     try:
         for test in tests:
             if not test.applies(subject):
@@ -148,8 +150,9 @@ def run_subject(
                 cell = load_failure
             else:
                 if worker is None:
-                    starts += 1
+                    begun = time.monotonic()
                     worker, load_failure = _start(launch(subject))
+                    starts.append(time.monotonic() - begun)
                     if load_failure is not None:
                         cells[test.name] = load_failure
                         on_cell(test, load_failure)
@@ -212,7 +215,8 @@ def run_suite(
         _, starts = run_subject(subject, tests, on_cell, launch)
         with lock:
             run.subject_seconds[subject.name] = time.monotonic() - t0
-            run.worker_starts[subject.name] = starts
+            run.worker_starts[subject.name] = len(starts)
+            run.start_seconds[subject.name] = starts
 
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         for future in [pool.submit(one, s) for s in subjects]:

@@ -105,6 +105,7 @@ class Grade:
     seconds: float = 0.0
     isolation: str = SANDBOX  # how its workers ran: SANDBOX or UNSAFE
     error: str = ""  # the grader's own traceback, if grading this submission broke it
+    start_seconds: list[float] = field(default_factory=list)  # each worker's start-up, loading
 
     @property
     def score(self) -> float:
@@ -187,7 +188,7 @@ def grade(
                 return Launch(start_worker, spec, ("probes",), limits.confine(), load_timeout)
 
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
-            cells, _ = run_subject(subject, tests, lambda test, cell: None, launch)
+            cells, starts = run_subject(subject, tests, lambda test, cell: None, launch)
             failed = {t.name for t in tests if cells[t.name].outcome is Outcome.KILLED}
             found = _diagnose(launch(subject)) if failed & _VALUE_TESTS else {}
     except UnsafeInput as e:
@@ -205,7 +206,9 @@ def grade(
             error=traceback.format_exc(),
         )
     results = [_result(t, cells[t.name], weight(t.name), found) for t in tests]
-    return Grade(str(path), results, "", found, time.monotonic() - start, mode)
+    g = Grade(str(path), results, "", found, time.monotonic() - start, mode)
+    g.start_seconds = [round(x, 3) for x in starts]
+    return g
 
 
 def _diagnose(launch: Launch) -> dict[str, str]:
@@ -267,6 +270,9 @@ def text(g: Grade) -> str:
         f"Score: {g.score:g}/{g.max_score:g} ({sum(t.passed for t in g.tests)}/{len(g.tests)} "
         f"tests passed) in {g.seconds:.1f} s",
     ]
+    if g.start_seconds:
+        each = ", ".join(f"{x:.1f}" for x in g.start_seconds)
+        lines.append(f"Worker start-up (sandbox, interpreter, torch, the submission): {each} s")
     return "\n".join(lines)
 
 
@@ -280,6 +286,7 @@ def to_json(g: Grade) -> dict[str, Any]:
         "diagnosis": g.diagnosis,
         "seconds": round(g.seconds, 2),
         "isolation": g.isolation,
+        "start_seconds": g.start_seconds,
         "grader_error": g.error,
         "tests": [asdict(t) for t in g.tests],
     }

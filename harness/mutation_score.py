@@ -89,6 +89,7 @@ class SubjectRun:
     error: str = ""  # the suite did not load or collect on this subject
     seconds: float = 0.0
     workers: int = 0
+    start_seconds: list[float] = field(default_factory=list)  # each sandbox's start-up, loading
 
 
 def run_on(
@@ -115,11 +116,14 @@ def run_on(
         while True:
             out.workers += 1
             events = _Events(out, time_limit)
+            begun = time.monotonic()
             try:
                 worker = launch.worker()
             except (WorkerDied, WorkerTimeout, SubjectRaised) as e:
                 out.error = f"the subject did not load: {e}"
                 break
+            finally:
+                out.start_seconds.append(round(time.monotonic() - begun, 3))
             try:
                 inputs = {
                     "tests_dir": str(inside / "tests"),
@@ -253,6 +257,7 @@ def _score(
         r = runs[s.name]
         run.subject_seconds[s.name] = r.seconds
         run.worker_starts[s.name] = r.workers
+        run.start_seconds[s.name] = r.start_seconds
         for t in tests:
             if t in r.cells:
                 run.cells[(t, s.name)] = r.cells[t]
@@ -324,9 +329,19 @@ def text(s: Score, tests_dir: str) -> str:
         f"Score: {len(s.killed) if not s.invalid else 0}/{len(catalog.PITFALLS)} = {s.score:.2f} "
         f"(* = must be killed: s01-s08{'; missing ' + ', '.join(missing) if missing else ''}); "
         f"pass needs those and >= {PASS_SCORE:.2f}: {'PASS' if s.passed else 'FAIL'}",
-        f"wall {s.run.wall_seconds:.1f} s",
+        f"wall {s.run.wall_seconds:.1f} s; sandbox start-up (interpreter, torch, pytest, the "
+        f"subject) {_spread(s.run.start_seconds)}",
     ]
     return "\n".join(lines)
+
+
+def _spread(seconds: dict[str, list[float]]) -> str:
+    every = sorted(x for xs in seconds.values() for x in xs)
+    if not every:
+        return "not measured"
+    return (
+        f"median {every[len(every) // 2]:.1f} s, max {every[-1]:.1f} s over {len(every)} sandboxes"
+    )
 
 
 def _short(nodeid: str) -> str:
@@ -357,6 +372,7 @@ def to_json(s: Score) -> dict[str, Any]:
             "wall_s": round(s.run.wall_seconds, 2),
             "per_subject_s": {k: round(v, 2) for k, v in s.run.subject_seconds.items()},
             "worker_starts": s.run.worker_starts,
+            "start_seconds": s.run.start_seconds,
         },
     }
 
