@@ -272,7 +272,7 @@ def text(g: Grade) -> str:
     ]
     if g.start_seconds:
         each = ", ".join(f"{x:.1f}" for x in g.start_seconds)
-        lines.append(f"Worker start-up (sandbox, interpreter, torch, the submission): {each} s")
+        lines.append(f"Worker start-up (process, interpreter, torch, the submission): {each} s")
     return "\n".join(lines)
 
 

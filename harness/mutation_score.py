@@ -329,7 +329,7 @@ def text(s: Score, tests_dir: str) -> str:
         f"Score: {len(s.killed) if not s.invalid else 0}/{len(catalog.PITFALLS)} = {s.score:.2f} "
         f"(* = must be killed: s01-s08{'; missing ' + ', '.join(missing) if missing else ''}); "
         f"pass needs those and >= {PASS_SCORE:.2f}: {'PASS' if s.passed else 'FAIL'}",
-        f"wall {s.run.wall_seconds:.1f} s; sandbox start-up (interpreter, torch, pytest, the "
+        f"wall {s.run.wall_seconds:.1f} s; worker start-up (process, interpreter, torch, the "
         f"subject) {_spread(s.run.start_seconds)}",
     ]
     return "\n".join(lines)
