@@ -14,12 +14,21 @@ import sys
 # name -> (module, one-line help). The module defines configure_<name>(parser) and
 # run_<name>(args) -> int, with '-' in the name written as '_'.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "smoke": ("harness.smoke", "oracle vs impl agreement for both norms (a quick health check)"),
-    "bench": ("harness.bench", "oracle vs torch float64 speed, forward and backward"),
-    "matrix": ("harness.matrix", "the kill-rate matrix: shared tests x impl, torch copy, mutants"),
-    "grade": ("harness.grade", "grade one untrusted submission against the shared tests"),
-    "grade-batch": ("harness.grade", "grade every submission in a folder"),
-    "mutation-score": ("harness.mutation_score", "score a student's test suite by mutants killed"),
+    "smoke": (
+        "harness.tools.smoke",
+        "oracle vs impl agreement for both norms (a quick health check)",
+    ),
+    "bench": ("harness.tools.bench", "oracle vs torch float64 speed, forward and backward"),
+    "matrix": (
+        "harness.jobs.matrix",
+        "the kill-rate matrix: shared tests x impl, torch copy, mutants",
+    ),
+    "grade": ("harness.jobs.grade", "grade one untrusted submission against the shared tests"),
+    "grade-batch": ("harness.jobs.grade", "grade every submission in a folder"),
+    "mutation-score": (
+        "harness.jobs.mutation_score",
+        "score a student's test suite by mutants killed",
+    ),
     "train": ("demos.train", "train impl on reversed addition (the milestone MS-L5)"),
     "evaluate": ("demos.train", "exact match of a trained model on held-out sums"),
     "translate": ("demos.train", "a trained model's answer to one sum"),

@@ -31,8 +31,8 @@ from harness.isolation.worker import (
     WorkerTimeout,
 )
 from harness.outcomes import Outcome
+from harness.shared_tests.record import Failure, Test
 from harness.subjects import Subject
-from harness.suite import Failure, Test
 
 
 @dataclass(frozen=True)
@@ -144,9 +144,7 @@ def run_subject(
     starts: list[float] = []
     try:
         for test in tests:
-            if not test.applies(subject):
-                cell = Cell(Outcome.NOT_APPLICABLE)
-            elif load_failure is not None:
+            if load_failure is not None:
                 cell = load_failure
             else:
                 if worker is None:

@@ -1,5 +1,4 @@
-"""What every job's command line shares: checked options, the isolation flag, usage errors, and
-the one atomic writer of reports (a report is written only by the grader, only at the end).
+"""What every job's command line shares: checked options, the isolation flag, usage errors.
 
 Exit statuses of the jobs: 0 every test passed (or the suite passed), 1 some failed, 2 nothing
 was judged (bad options, an unwritable report path, no sandbox).
@@ -8,12 +7,8 @@ was judged (bad options, an unwritable report path, no sandbox).
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
-import tempfile
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from harness.isolation.sandbox import Limits, SandboxUnavailable, check
@@ -21,35 +16,6 @@ from harness.isolation.sandbox import Limits, SandboxUnavailable, check
 # How a run's workers ran; an unsafe run says so in every report.
 SANDBOX = "bubblewrap sandbox, one per worker"
 UNSAFE = "UNSAFE: no sandbox (--unsafe-no-sandbox); for trusted code only"
-
-
-def write_report(path: str | Path, content: str | dict[str, Any]) -> None:
-    """Write atomically (a temporary file renamed over the target): a file planted at the path,
-    or a link left there, is replaced, never written through."""
-    path = Path(path)
-    if isinstance(content, dict):
-        content = json.dumps(content, indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(content)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def report_path_problem(path: str | Path) -> str:
-    """Why a report cannot be written at `path` ("" if it can): checked before any grading, so
-    a bad path is a usage error, not results lost at the end."""
-    path = Path(path)
-    if path.is_dir() or (path.exists() and not path.is_file() and not path.is_symlink()):
-        return f"{path} exists and is not a file"
-    if not path.parent.is_dir():
-        return f"the folder {path.parent} does not exist"
-    if not os.access(path.parent, os.W_OK | os.X_OK):
-        return f"the folder {path.parent} is not writable"
-    return ""
 
 
 def usage_error(command: str, message: str) -> int:

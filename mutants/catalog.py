@@ -47,6 +47,7 @@ for _name in {_CONTRACT_METHODS!r}:
     ),
     Mutant(
         id="s01",
+        required=True,
         mutator="PostLnAsPreLn",
         pitfall="post-LN written as pre-LN: every sublayer normalizes its input, x + F(LN(x))",
         killers=("test_golden_torch",),
@@ -57,6 +58,7 @@ for _name in {_CONTRACT_METHODS!r}:
     ),
     Mutant(
         id="s02",
+        required=True,
         mutator="NoFinalLayerNorm",
         pitfall="pre-LN without the final LayerNorm: enc_norm and dec_norm exist but are skipped",
         killers=("test_golden_torch",),
@@ -73,6 +75,7 @@ for _name in {_CONTRACT_METHODS!r}:
     ),
     Mutant(
         id="s03",
+        required=True,
         mutator="NoCausalMask",
         pitfall="no causal mask in the decoder: self-attention reads future target positions",
         killers=("test_decoder_is_causal",),
@@ -85,6 +88,7 @@ for _name in {_CONTRACT_METHODS!r}:
     ),
     Mutant(
         id="s04",
+        required=True,
         mutator="CrossAttentionReadsDecoder",
         pitfall="cross-attention reads the decoder (causally masked) instead of the encoder",
         killers=("test_decoder_reads_the_source",),
@@ -101,6 +105,7 @@ for _name in {_CONTRACT_METHODS!r}:
     ),
     Mutant(
         id="s05",
+        required=True,
         mutator="EmbeddingNotScaled",
         pitfall="embeddings not multiplied by sqrt(d_model): x0 = E[ids] + PE",
         killers=("test_embeddings_scaled_and_tied",),
@@ -113,6 +118,7 @@ for _name in {_CONTRACT_METHODS!r}:
     ),
     Mutant(
         id="s06",
+        required=True,
         mutator="SourcePaddingReadable",
         pitfall="source padding readable in cross-attention: no mask on the memory's keys",
         killers=("test_source_padding_is_never_read",),
@@ -129,6 +135,7 @@ for _name in {_CONTRACT_METHODS!r}:
     ),
     Mutant(
         id="s07",
+        required=True,
         mutator="SmoothingCountsPad",
         pitfall="label smoothing counting pad targets: they add loss and count in the mean",
         killers=("test_hand_example_label_smoothing",),
@@ -141,6 +148,7 @@ for _name in {_CONTRACT_METHODS!r}:
     ),
     Mutant(
         id="s08",
+        required=True,
         mutator="NoamOffByOne",
         pitfall="Noam at n = s: the first update has rate 0 and the peak is one update late",
         killers=("test_hand_example_noam",),
@@ -197,6 +205,7 @@ for _name in {_CONTRACT_METHODS!r}:
 
 _BY_ID = {m.id: m for m in MUTANTS}
 PITFALLS = tuple(m.id for m in MUTANTS if m.id != "sanity")  # s01 .. s11
+REQUIRED = tuple(m.id for m in MUTANTS if m.required)  # s01 .. s08
 
 
 def get(mutant_id: str) -> Mutant:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import grade
 from harness.cli import main
 from harness.isolation.static_check import problems as forbidden_imports
-from harness.shared_tests import BY_NAME, SHARED_TESTS
+from harness.jobs import grade
+from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -102,11 +102,15 @@ def test_correct_example_passes_and_differs_from_the_faulty_one_by_the_fault_onl
     assert [t.name for t in g.tests if not t.passed] == []
 
 
-def test_weights_come_from_one_file():
-    weight = grade.points()
-    data = json.loads(grade.WEIGHTS.read_text())
-    assert weight("test_golden_torch") == data["points"]["test_golden_torch"]
-    assert weight("test_validation") == data["default"]
+def test_a_grade_takes_points_and_visibility_from_the_test_records(torch_copy_graded):
+    _, out = torch_copy_graded
+    data = json.loads((out / "results.json").read_text())
+    for t, test in zip(data["tests"], SHARED_TESTS, strict=True):
+        assert (t["name"], t["max_score"], t["visibility"]) == (
+            test.name,
+            test.points,
+            test.visibility,
+        )
 
 
 @pytest.mark.parametrize(

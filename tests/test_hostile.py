@@ -25,10 +25,12 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.grade import grade
-from harness.mutation_score import mutation_score
-from harness.shared_tests import BY_NAME
+from harness.jobs.grade import grade
+from harness.jobs.mutation_score import mutation_score
+from harness.shared_tests.laws import BY_NAME
 from harness.subjects import module_source
+
+pytestmark = pytest.mark.slow  # one grade-batch of 18 submissions and two mutation scores
 
 ROOT = Path(__file__).resolve().parents[1]
 HOSTILE = Path(__file__).parent / "hostile"

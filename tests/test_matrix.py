@@ -10,12 +10,19 @@ import re
 import pandas as pd
 import pytest
 
-from harness import reports
 from harness.analysis import summarize
 from harness.engine import run_suite
-from harness.matrix import EXPECTED, changed_cells, configure_matrix, matrix_subjects, run_matrix
+from harness.jobs.matrix import (
+    EXPECTED,
+    changed_cells,
+    configure_matrix,
+    matrix_subjects,
+    run_matrix,
+)
 from harness.outcomes import Outcome
-from harness.shared_tests import BY_NAME, DATA, SHARED_TESTS
+from harness.reports import matrix as reports
+from harness.shared_tests.inputs import DATA
+from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 from mutants import catalog
 
 SCHEMA = json.loads((DATA / "stryker_schema_required.json").read_text())

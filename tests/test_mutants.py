@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from harness.isolation.child.load import subject as load
-from harness.shared_tests import BY_NAME
+from harness.shared_tests.laws import BY_NAME
 from harness.subjects import Kind, Subject, module_source
 from mutants import catalog
 from mutants.patch import Mutant, Patch, PatchError
@@ -77,7 +77,7 @@ def test_the_sanity_mutant_makes_every_contract_function_raise():
 
 
 def test_show_patches_prints_every_mutant_as_a_diff_of_impl():
-    from harness.matrix import show_patches
+    from harness.jobs.matrix import show_patches
 
     shown = show_patches()
     for mutant in catalog.MUTANTS:

@@ -180,11 +180,14 @@ def command(stage: Path, limits: Limits, code: str, *argv: str) -> list[str]:
     args += ["--hostname", "sandbox", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
+    # /tmp first: the read-only views below may lie under /tmp (a virtualenv in a CI checkout
+    # there) and must be mounted on top of the private tmpfs, not hidden by it
+    args += ["--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
     args += mounts()
     args += ["--ro-bind", str(stage), INPUT]
     args += ["--proc", "/proc", "--dev", "/dev"]
-    args += ["--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
-    args += ["--remount-ro", "/"]  # the sandbox's own root (its mount points) read-only too
+    # the sandbox's own root (where the mount points were made) read-only too
+    args += ["--chdir", "/tmp", "--remount-ro", "/"]
     # -I: no environment, no user site, no script folder; -S: no site (no .pth file runs);
     # -B: nothing written next to the sources
     boot = f"import sys; sys.path[:0] = {[LIB, *_python_paths()]!r}\n{code}"
@@ -283,6 +286,7 @@ def sandboxed(stage: Path, limits: Limits = DEFAULT_LIMITS) -> Start:
 # What check() runs inside a trial sandbox: each line a property the sandbox must have.
 _PROBE = """
 import os, socket
+import numpy, harness.wire  # the worker's imports resolve (its paths are all mounted)
 assert os.getuid() == 65534 and os.getgid() == 65534, ("uid", os.getuid())
 caps = [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1]
 assert int(caps, 16) == 0, ("capabilities", caps)

@@ -80,8 +80,8 @@ judge = (
     "tasks",
     "harness.shared_tests",
     "harness.engine",
-    "harness.diagnosis",
-    "harness.grade",
+    "harness.shared_tests.diagnosis",
+    "harness.jobs.grade",
     "harness.isolation.sandbox",
 )
 for obj in gc.get_objects():

@@ -13,10 +13,12 @@ import json
 import sys
 from typing import Any
 
-from harness import reports
 from harness.analysis import summarize
 from harness.engine import SuiteRun, print_progress, run_suite
-from harness.shared_tests import DATA, SHARED_TESTS
+from harness.reports import matrix as reports
+from harness.reports.writer import write_report
+from harness.shared_tests.inputs import DATA
+from harness.shared_tests.laws import SHARED_TESTS
 from harness.subjects import Kind, Subject, module_source
 from mutants import catalog
 
@@ -113,7 +115,7 @@ def run_matrix(args: argparse.Namespace) -> int:
         (args.stryker, lambda: reports.stryker(run, summary)),
     ):
         if path:
-            reports.write(path, content())
+            write_report(path, content())
     status = 0 if summary.healthy else 1
     if args.update_expected:
         data = {"tests": [t.name for t in tests], "outcomes": outcomes(run)}

@@ -16,8 +16,9 @@ from typing import Any
 import numpy as np
 
 import oracle
-from harness.shared_tests import GOLDEN, batch, errors, read_params, tolerance
-from harness.suite import Call, Failure
+from harness.shared_tests.inputs import GOLDEN_SEED, forward_inputs, golden_inputs
+from harness.shared_tests.record import Call, Failure
+from harness.shared_tests.verdicts import errors, read_params, tolerance
 
 
 def first_divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]) -> str:
@@ -62,15 +63,11 @@ def first_divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]
 
 def diagnose(call: Call) -> dict[str, str]:
     """first_divergence on the golden test's inputs (same seed, same batches), per config."""
-    rng = np.random.default_rng(1)  # golden_comparisons' generator: the same inputs
     found = {}
-    for name, cfg in GOLDEN.items():
-        b = batch(rng, cfg, src_lens=[7, 4, 2], tgt_lens=[6, 3, 5])
-        inputs = {k: b[k] for k in ("src", "tgt_in", "src_mask", "tgt_mask")}
+    for name, cfg, b in golden_inputs():
         try:
-            found[name] = first_divergence(
-                call("module_outputs", cfg=cfg, seed=11, **inputs), cfg, b
-            )
+            answer = call("module_outputs", cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b))
+            found[name] = first_divergence(answer, cfg, b)
         except Failure as e:
             found[name] = f"cannot compare: {e}"
     return found

@@ -3,7 +3,7 @@
 The suite runs on impl, the torch copy and s01-s11, each subject in a sandbox of its own
 (harness.isolation.sandbox: its own private /tmp, nothing shared with the other subjects' runs)
 with a time limit per test. The subjects run in a secret random order, and every one is handed
-over the same way: source rewritten afresh for this run (harness.disguise: locals renamed,
+over the same way: source rewritten afresh for this run (harness.jobs.disguise: locals renamed,
 definitions reordered, comments and docstrings gone) and loaded under one name, so a suite can
 tell a mutant neither by its label, nor by its text, nor by when it runs.
 Per-test results stream back over the worker's protocol pipe (harness.student_suite) rather than
@@ -11,8 +11,8 @@ through a JUnit file: a hang or a crash then loses only the test in progress, an
 suite can guess is ever read back as a result file.
 
 A test that fails on a correct subject is a false alarm and kills nothing. A suite that fails
-every test on impl is invalid and scores 0. Score = killed / 11; pass = s01-s08 all killed and
-score >= 0.80 (the seed's rung R5).
+every test on impl is invalid and scores 0. Score = killed / the number of pitfall mutants; pass =
+every mutant whose record is marked `required` killed and score >= 0.80 (the seed's rung R5).
 """
 
 from __future__ import annotations
@@ -30,28 +30,27 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harness import reports
 from harness.analysis import Summary, summarize
-from harness.disguise import disguise
 from harness.engine import Cell, Launch, SuiteRun, unjudgeable
 from harness.isolation.forkserver import forked
 from harness.isolation.sandbox import DEFAULT_LIMITS, INPUT, Limits, UnsafeInput, sandboxed, staged
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout
+from harness.jobs.disguise import disguise
 from harness.options import (
     add_isolation,
     isolation_problem,
     positive,
-    report_path_problem,
     usage_error,
-    write_report,
 )
 from harness.outcomes import Outcome, mutant_outcome
+from harness.reports import matrix as reports
+from harness.reports.writer import report_path_problem, write_report
+from harness.shared_tests.record import Test
 from harness.subjects import Kind, Subject
-from harness.suite import Test
 from mutants import catalog
 
 MODULE = "tinyllm.xfmr.transformer"  # the seed's module path for the subject
-REQUIRED = ("s01", "s02", "s03", "s04", "s05", "s06", "s07", "s08")  # the seed's pitfalls
+REQUIRED = catalog.REQUIRED  # the records marked required (the seed's rung R5)
 PASS_SCORE = 0.80
 # Importing pytest, Hypothesis, the subject and the suite: a few seconds on a loaded machine.
 COLLECT_TIMEOUT = 60.0
@@ -327,12 +326,21 @@ def text(s: Score, tests_dir: str) -> str:
     lines += [
         "",
         f"Score: {len(s.killed) if not s.invalid else 0}/{len(catalog.PITFALLS)} = {s.score:.2f} "
-        f"(* = must be killed: s01-s08{'; missing ' + ', '.join(missing) if missing else ''}); "
+        f"(* = must be killed: {_ids(REQUIRED)}"
+        f"{'; missing ' + ', '.join(missing) if missing else ''}); "
         f"pass needs those and >= {PASS_SCORE:.2f}: {'PASS' if s.passed else 'FAIL'}",
         f"wall {s.run.wall_seconds:.1f} s; worker start-up (process, interpreter, torch, the "
         f"subject) {_spread(s.run.start_seconds)}",
     ]
     return "\n".join(lines)
+
+
+def _ids(ids: tuple[str, ...]) -> str:
+    """s01-s08 for a run of consecutive ids, else the list."""
+    numbers = [int(i[1:]) for i in ids]
+    if numbers == list(range(numbers[0], numbers[0] + len(numbers))) and len(numbers) > 2:
+        return f"{ids[0]}-{ids[-1]}"
+    return ", ".join(ids)
 
 
 def _spread(seconds: dict[str, list[float]]) -> str:
@@ -378,7 +386,7 @@ def to_json(s: Score) -> dict[str, Any]:
 
 
 def stryker(s: Score, tests_dir: str) -> dict[str, Any]:
-    """The matrix's Stryker report (harness.reports), with the student's tests as testFiles."""
+    """The matrix's Stryker report (harness.reports.matrix), the student's tests as testFiles."""
     data = reports.stryker(s.run, s.summary)
     files: dict[str, list[dict[str, str]]] = {}
     for t in s.tests:

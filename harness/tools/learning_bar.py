@@ -1,4 +1,4 @@
-"""Derive the learning test's bar from impl: `python -m harness.learning_bar [--write]`.
+"""Derive the learning test's bar from impl: `python -m harness.tools.learning_bar [--write]`.
 
 impl trains on two-digit reversed addition with the recipe below under each of five seeds; the
 bar is the worst held-out loss times MARGIN. A correct subject's run is one more draw from the
@@ -14,7 +14,8 @@ import sys
 import time
 
 from harness.engine import trusted_call
-from harness.shared_tests import DATA, heldout_loss
+from harness.shared_tests.inputs import DATA
+from harness.shared_tests.laws import heldout_loss
 from harness.subjects import Kind, Subject
 
 SEEDS = (0, 1, 2, 3, 4)
@@ -60,7 +61,7 @@ def derive() -> dict:
         "impl_losses": losses,
         "bar": max(losses) * MARGIN,
         "derivation": f"worst of impl's held-out losses over seeds {list(SEEDS)} "
-        f"({max(losses):.4f}) times {MARGIN}; python -m harness.learning_bar --write",
+        f"({max(losses):.4f}) times {MARGIN}; python -m harness.tools.learning_bar --write",
     }
 
 

@@ -1,223 +1,60 @@
-"""The shared property tests (the seed's section 4, plus beam search): one record each.
+"""The shared property tests (the seed's section 4, plus beam search, dropout and learning): each
+a check with its `@law` record above it.
 
 Every test is a check that runs in the trusted parent: it chooses inputs, asks the subject's
-worker to run probes (harness.probes) on them, and judges the plain data that comes back against
-the oracle or against the law itself. A failure says what differed, by how much, and where.
+worker to run probes (harness.isolation.child.probes) on them, and judges the plain data that
+comes back against the oracle or against the law itself. A failure says what differed, by how
+much, and where.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import oracle
-from harness.suite import Call, Failure, Test
+from harness.shared_tests.inputs import (
+    BOS,
+    GOLDEN_SEED,
+    PAD,
+    POST,
+    PRE,
+    addition_inputs,
+    batch,
+    changed,
+    config,
+    contract_params,
+    contract_shapes,
+    draw_weights,
+    forward_inputs,
+    golden_inputs,
+    learning_setup,
+    tokens,
+    tying,
+)
+from harness.shared_tests.record import REGISTRY, Call, Failure, Test, law
+from harness.shared_tests.verdicts import (
+    DEPENDS,
+    TOL_FLOAT64,
+    assert_close,
+    assert_equal_bits,
+    errors,
+    read_params,
+    tolerance,
+)
 from oracle.ops import layer_norm, positional_encoding
-from oracle.state_dict import contract_keys, expected_shape
-
-PAD, BOS, EOS = 0, 1, 2  # the synthetic vocabularies' special ids; real tokens are 3..V-1
-DATA = Path(__file__).parent / "data"
-
-# --- tolerances -------------------------------------------------------------------------------
-
-# float64 subject vs float64 oracle: both round at ~1e-16 per operation and a tiny model chains a
-# few hundred of them, so honest differences stay near 1e-14 of the values' scale; 1e-10 keeps
-# four orders of margin while any real fault moves logits and gradients by 1e-3 or more.
-TOL_FLOAT64 = 1e-10
-# The same computation in a different summation order (decode_step's cache vs decode's whole
-# matrices, a padded source of another length): rounding only, a few ulps of O(1) values.
-TOL_REORDER64 = 1e-12
-
-
-def _float32_tolerances() -> dict[str, float]:
-    """float32 subjects: max errors of the float32 torch copy vs the oracle on the golden inputs,
-    times a safety factor (harness/data/float32_tolerance.json says how it was measured)."""
-    path = DATA / "float32_tolerance.json"
-    return json.loads(path.read_text())["tolerance"] if path.exists() else {}
-
-
-TOL_FLOAT32 = _float32_tolerances()
-
-
-def tolerance(dtype: str, what: str) -> float:
-    """The relative tolerance for `what` (logits, loss, grads, reorder) of a subject in dtype."""
-    if dtype == "float64":
-        return TOL_REORDER64 if what == "reorder" else TOL_FLOAT64
-    if dtype == "float32" and what in TOL_FLOAT32:
-        return TOL_FLOAT32[what]
-    raise Failure(f"the subject ran in {dtype}, for which no {what} tolerance is calibrated")
-
-
-# --- inputs -----------------------------------------------------------------------------------
-
-
-def config(**kw: Any) -> dict[str, Any]:
-    """A tiny contract config (every field given, so any subject's dataclass accepts it)."""
-    base = dict(
-        src_vocab=13,
-        tgt_vocab=13,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_enc=2,
-        n_dec=2,
-        dropout=0.1,
-        norm="post",
-        tie_embeddings=True,
-        max_len=32,
-        ln_eps=1e-5,
-    )
-    return {**base, **kw}
-
-
-# Both norms and every tying: post with one shared table, pre with a shared target/output table
-# (vocabularies differ), post untied.
-GOLDEN = {
-    "post-LN, one shared table": config(),
-    "pre-LN, target table is the output layer": config(norm="pre", src_vocab=11),
-    "post-LN, untied": config(tie_embeddings=False, tgt_vocab=11),
-}
-POST, PRE = GOLDEN["post-LN, one shared table"], config(norm="pre")
-
-
-def tokens(rng: np.random.Generator, vocab: int, shape: tuple[int, ...]) -> np.ndarray:
-    return rng.integers(3, vocab, size=shape, dtype=np.int64)
-
-
-def batch(
-    rng: np.random.Generator, cfg: dict, src_lens: list[int], tgt_lens: list[int]
-) -> dict[str, np.ndarray]:
-    """src padded to the longest, and tgt = bos y1.. eos pad.. split into tgt_in and tgt_out.
-
-    tgt_lens counts the real positions of tgt_in (bos included).
-    """
-    S, T = max(src_lens), max(tgt_lens)
-    src = tokens(rng, cfg["src_vocab"], (len(src_lens), S))
-    src[np.arange(S) >= np.array(src_lens)[:, None]] = PAD
-    tgt = np.full((len(tgt_lens), T + 1), PAD, dtype=np.int64)
-    for b, n in enumerate(tgt_lens):
-        tgt[b, 0] = BOS
-        tgt[b, 1:n] = tokens(rng, cfg["tgt_vocab"], (n - 1,))
-        tgt[b, n] = EOS
-    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
-    return {
-        "src": src,
-        "tgt_in": tgt_in,
-        "tgt_out": tgt_out,
-        "src_mask": src != PAD,
-        "tgt_mask": tgt_in != PAD,
-    }
-
-
-def changed(rng: np.random.Generator, ids: np.ndarray, vocab: int, start: int) -> np.ndarray:
-    """ids with every real token from position `start` on replaced by a different real token."""
-    out = ids.copy()
-    tail = out[:, start:]
-    shift = rng.integers(1, vocab - 3, tail.shape)  # never 0: every token changes
-    out[:, start:] = (tail - 3 + shift) % (vocab - 3) + 3
-    return out
-
-
-def forward_inputs(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    return {k: b[k] for k in ("src", "tgt_in", "src_mask", "tgt_mask")}
-
-
-# --- verdict helpers --------------------------------------------------------------------------
-
-
-def read_params(state: dict[str, np.ndarray], cfg: dict, what: str = "state_dict") -> Any:
-    """The oracle's Params from a subject's arrays; a Failure when they break the contract."""
-    try:
-        params = oracle.read_state_dict(state, cfg)
-    except (ValueError, KeyError, TypeError, IndexError) as e:
-        raise Failure(f"{what} does not follow the contract's names and shapes: {e}") from None
-    bad = sorted(k for k, v in params.arrays.items() if not np.all(np.isfinite(v)))
-    if bad:
-        # the oracle's expectation from NaN weights is NaN: nothing could be judged against it
-        raise Failure(f"{what} holds values that are not finite: {', '.join(bad)}")
-    return params
-
-
-def tying(cfg: dict) -> str:
-    """The contract's tying scheme of a config: one table (all), target and output (tgt_out),
-    or none."""
-    if not cfg["tie_embeddings"]:
-        return "none"
-    return "all" if cfg["src_vocab"] == cfg["tgt_vocab"] else "tgt_out"
-
-
-def contract_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    """The contract's state_dict names and shapes for `cfg`."""
-    names = contract_keys(cfg["n_enc"], cfg["n_dec"], cfg["norm"], tying(cfg))
-    dims = (cfg["d_model"], cfg["d_ff"], cfg["src_vocab"], cfg["tgt_vocab"])
-    return {name: expected_shape(name, *dims) for name in names}
-
-
-def where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
-    return ", ".join(f"{a} {i}" for a, i in zip(axes, index, strict=False)) or "the value"
-
-
-def errors(got: np.ndarray, want: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, float]:
-    """|got - want| where `mask` (broadcast from the left) holds, 0 elsewhere, inf where either
-    is not finite (so a NaN fails every comparison, never passes one); and the scale
-    max(1, max |want|) that tolerances are relative to."""
-    keep = np.ones(want.shape, dtype=bool)
-    if mask is not None:
-        trailing = (1,) * (want.ndim - mask.ndim)
-        keep = np.broadcast_to(mask.reshape(mask.shape + trailing), want.shape)
-    err = np.where(keep, np.abs(got - want), 0.0)
-    err = np.where(keep & ~(np.isfinite(got) & np.isfinite(want)), np.inf, err)
-    finite = np.where(keep & np.isfinite(want), np.abs(want), 0.0)
-    return err, max(1.0, float(finite.max(initial=0.0)))
-
-
-def assert_close(
-    what: str,
-    got: Any,
-    want: Any,
-    tol: float,
-    mask: np.ndarray | None = None,
-    axes: tuple[str, ...] = ("row", "position", "token"),
-) -> None:
-    """|got - want| <= tol * max(1, max |want|) wherever `mask` (broadcast from the left) holds."""
-    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        raise Failure(f"{what}: shape {got.shape}, expected {want.shape}")
-    err, scale = errors(got, want, mask)
-    if err.max(initial=0.0) > tol * scale:
-        i = np.unravel_index(int(np.argmax(err)), err.shape)
-        raise Failure(
-            f"{what}: max abs error {err[i]:.3g} at {where(i, axes)} (got {got[i]:.8g}, expected "
-            f"{want[i]:.8g}); tolerance {tol * scale:.3g}"
-        )
-
-
-def assert_equal_bits(what: str, got: np.ndarray, want: np.ndarray, axes: tuple[str, ...]) -> None:
-    """Bitwise equality, reporting the first differing element."""
-    if got.shape != want.shape:
-        raise Failure(f"{what}: shape {got.shape}, expected {want.shape}")
-    if not np.array_equal(got, want):
-        diff = np.abs(got - want)
-        i = tuple(int(k) for k in np.argwhere(got != want)[0])
-        raise Failure(
-            f"{what}: not bitwise equal; first difference at {where(i, axes)} (change "
-            f"{diff[i]:.3g}), largest change {diff.max():.3g}"
-        )
-
-
-# An honest model's logits move by O(0.1) when an input they depend on changes; 1e-6 is far above
-# float64 rounding (1e-15) and float32's (1e-7 of O(1) values), so only an output that does not
-# read that input stays below it.
-DEPENDS = 1e-6
 
 # --- the tests --------------------------------------------------------------------------------
 
 
+@law(
+    "test_hand_example_label_smoothing",
+    "section 3's label smoothing: 0.618111, p - q, and a pad row that counts for nothing",
+    timeout=20.0,
+)
 def check_hand_example_label_smoothing(call: Call) -> None:
     # Section 3: V = 3, logits (1, 0, 0), target 0, eps 0.1 gives 0.618111 and p - q =
     # (-0.357216, 0.178608, 0.178608); a second row whose target is the pad id adds nothing.
@@ -240,6 +77,11 @@ def check_hand_example_label_smoothing(call: Call) -> None:
         assert_close(f"gradient (eps={eps})", r["grad"], grad, TOL_FLOAT64, axes=("row", "token"))
 
 
+@law(
+    "test_hand_example_noam",
+    "section 3's Noam rates: 0.03125, 0.125, 0.0625 at updates 0, 3, 15",
+    timeout=20.0,
+)
 def check_hand_example_noam(call: Call) -> None:
     # Section 3: d = 16, w = 4, f = 1 gives 0.03125 at update 0, the peak 0.125 at update 3 and
     # 0.0625 at update 15; other settings against the oracle's formula.
@@ -263,10 +105,8 @@ def golden_comparisons(call: Call, dtype: str | None = None) -> Iterator[tuple]:
     dtype None lets the subject run in float64 if it can; "float32" forces float32 (the
     calibration of TOL_FLOAT32 on the torch copy).
     """
-    rng = np.random.default_rng(1)
-    for name, cfg in GOLDEN.items():
-        b = batch(rng, cfg, src_lens=[7, 4, 2], tgt_lens=[6, 3, 5])
-        r = call("golden", cfg=cfg, seed=11, **b, eps=0.1, pad_id=PAD, dtype=dtype)
+    for name, cfg, b in golden_inputs():
+        r = call("golden", cfg=cfg, seed=GOLDEN_SEED, **b, eps=0.1, pad_id=PAD, dtype=dtype)
         params = read_params(r["state_dict"], cfg)
         logits = oracle.forward(params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"])
         cells = ("row", "position", "token")
@@ -282,6 +122,13 @@ def golden_comparisons(call: Call, dtype: str | None = None) -> Iterator[tuple]:
             yield r["dtype"], what, "grads", got[key], want[key], None, ("row", "column")
 
 
+@law(
+    "test_golden_torch",
+    "logits, smoothed loss and every gradient equal the oracle's, both norms, every tying",
+    timeout=30.0,
+    points=15,
+    values=True,
+)
 def check_golden_torch(call: Call) -> None:
     # Logits, the smoothed loss and every gradient equal the oracle's (torch's own layers are
     # checked against the same oracle), for both norms and every tying.
@@ -289,6 +136,12 @@ def check_golden_torch(call: Call) -> None:
         assert_close(what, got, want, tolerance(dtype, kind), mask=mask, axes=axes)
 
 
+@law(
+    "test_decoder_is_causal",
+    "changing targets after t leaves logits 0..t bitwise equal",
+    timeout=20.0,
+    points=8,
+)
 def check_decoder_is_causal(call: Call) -> None:
     # Changing the targets after position t leaves the logits at positions 0..t bitwise equal;
     # and, anchored by the oracle, the positions after t whose logits the contract's model moves
@@ -326,6 +179,12 @@ def check_decoder_is_causal(call: Call) -> None:
                 )
 
 
+@law(
+    "test_source_padding_is_never_read",
+    "ids at padded source positions, and extra padding, change nothing",
+    timeout=20.0,
+    points=8,
+)
 def check_source_padding_is_never_read(call: Call) -> None:
     # The ids at padded source positions, and how much padding follows, change nothing.
     rng = np.random.default_rng(3)
@@ -360,6 +219,12 @@ def check_source_padding_is_never_read(call: Call) -> None:
         )
 
 
+@law(
+    "test_decoder_reads_the_source",
+    "a different source changes every row's logits",
+    timeout=20.0,
+    points=6,
+)
 def check_decoder_reads_the_source(call: Call) -> None:
     # A different source changes the logits of every row.
     rng = np.random.default_rng(4)
@@ -376,6 +241,13 @@ def check_decoder_reads_the_source(call: Call) -> None:
                 )
 
 
+@law(
+    "test_decode_step_equals_forward",
+    "step-by-step decoding equals the full forward pass; a state is never mutated",
+    timeout=20.0,
+    points=8,
+    values=True,
+)
 def check_decode_step_equals_forward(call: Call) -> None:
     # decode_step from init_state, position by position, gives decode's logits at each position,
     # and stepping again from an earlier state gives the same logits (the state is not mutated).
@@ -397,6 +269,12 @@ def check_decode_step_equals_forward(call: Call) -> None:
             )
 
 
+@law(
+    "test_embeddings_scaled_and_tied",
+    "x0 = E sqrt(d) + PE; one tied table, listed once; tables start at N(0, 1/d)",
+    timeout=20.0,
+    values=True,
+)
 def check_embeddings_scaled_and_tied(call: Call) -> None:
     # x0 = E[ids] sqrt(d) + PE for source and target; with tie_embeddings one table, listed once,
     # is the source table, the target table and the output layer; tables start at N(0, 1/d).
@@ -464,6 +342,11 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
         raise Failure(f"embedding table std {std:.4f} at init, expected 1/sqrt(d) = {want_std:.4f}")
 
 
+@law(
+    "test_parameter_names_follow_the_norm",
+    "exactly the contract's names and shapes; pre-LN adds exactly enc_norm and dec_norm",
+    timeout=20.0,
+)
 def check_parameter_names_follow_the_norm(call: Call) -> None:
     # The state_dict holds exactly the contract's names and shapes; pre-LN adds exactly enc_norm
     # and dec_norm; decoder layers have cross_attn and norm3.
@@ -489,6 +372,11 @@ def check_parameter_names_follow_the_norm(call: Call) -> None:
         raise Failure(f"pre-LN adds {sorted(pre - post)} and drops {sorted(post - pre)}")
 
 
+@law(
+    "test_optimizer_is_the_papers_adam",
+    "make_optimizer is Adam over every parameter, betas (0.9, 0.98), eps 1e-9, no decay",
+    timeout=20.0,
+)
 def check_optimizer_is_the_papers_adam(call: Call) -> None:
     # make_optimizer: torch's Adam over every parameter once, betas (0.9, 0.98), eps 1e-9, no
     # weight decay (section 5.3).
@@ -507,6 +395,11 @@ def check_optimizer_is_the_papers_adam(call: Call) -> None:
         )
 
 
+@law(
+    "test_fit_follows_the_schedule_and_is_reproducible",
+    "exact step count, Noam or constant rates, same seed same losses, mode restored",
+    timeout=30.0,
+)
 def check_fit_follows_the_schedule_and_is_reproducible(call: Call) -> None:
     # Exactly `steps` updates; update s runs at noam_rate(s) (or the constant lr); the callback
     # sees each; the same seed and weights give identical losses; the training mode is restored.
@@ -579,30 +472,6 @@ def greedy(params: Any, src: np.ndarray, eos: int | None, max_len: int) -> tuple
     return out, margins
 
 
-def draw_weights(shapes: dict[str, list[int]], cfg: dict, seed: int) -> dict[str, np.ndarray]:
-    """Parent-chosen weights for the subject's state_dict names: tables N(0, 1/d), matrices
-    N(0, 1/fan_in), LayerNorm gains near 1, biases near 0. Decoding tests load them, so their
-    expectations do not depend on how a subject initializes (a fresh tied model's argmax just
-    repeats its input token)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for name, shape in sorted(shapes.items()):
-        if len(shape) == 2:
-            fan_in = cfg["d_model"] if name.endswith("emb.weight") else shape[1]
-            out[name] = rng.normal(0.0, fan_in**-0.5, shape)
-        elif "norm" in name and name.endswith(".weight"):
-            out[name] = 1.0 + 0.1 * rng.normal(size=shape)
-        else:
-            out[name] = 0.1 * rng.normal(size=shape)
-    return out
-
-
-def contract_params(cfg: dict, seed: int) -> Any:
-    """The oracle's Params of the contract's model for `cfg`, on weights the parent draws."""
-    shapes = {name: list(shape) for name, shape in contract_shapes(cfg).items()}
-    return oracle.read_state_dict(draw_weights(shapes, cfg, seed), cfg)
-
-
 def choose_eos(params: Any, src: np.ndarray, max_len: int) -> int:
     """An eos that greedy decoding reaches: the first token past the second step, in row order,
     that is neither pad nor bos."""
@@ -622,6 +491,12 @@ def decoding_setup(call: Call, cfg: dict, seed: int, src: np.ndarray, max_len: i
     return weights, params, choose_eos(params, src, max_len)
 
 
+@law(
+    "test_translate_is_greedy_with_beam_one_and_drops_eos",
+    "beam 1 equals an argmax loop; no eos; mode restored; save/load gives the same logits",
+    timeout=30.0,
+    points=6,
+)
 def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
     # translate with beam_size=1 equals an argmax loop over the oracle's forward pass; outputs
     # carry no eos; the training mode is restored; save/load gives identical outputs.
@@ -672,6 +547,12 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
 BEAM_MARGIN = 1e-9
 
 
+@law(
+    "test_beam_search_matches_oracle",
+    "translate equals the pinned beam search for beams 1-4 and length penalties 0, 1, 2",
+    timeout=30.0,
+    points=6,
+)
 def check_beam_search_matches_oracle(call: Call) -> None:
     # translate equals the oracle's pinned beam search for beam sizes 1-4 and length penalties
     # 0, 1, 2, wherever the oracle's winner beats the runner-up by more than BEAM_MARGIN.
@@ -716,6 +597,11 @@ def check_beam_search_matches_oracle(call: Call) -> None:
         raise Failure("every case was a near tie: nothing compared (choose other inputs)")
 
 
+@law(
+    "test_validation",
+    "bad input raises the contract's error class",
+    timeout=20.0,
+)
 def check_validation(call: Call) -> None:
     # Bad input gives the contract's error class, never a silent answer.
     want = {
@@ -747,6 +633,11 @@ def check_validation(call: Call) -> None:
 DROPOUT_VISIBLE = 1e-6
 
 
+@law(
+    "test_dropout_only_in_training",
+    "dropout acts in training mode, with new masks each pass, and never in eval mode",
+    timeout=20.0,
+)
 def check_dropout_only_in_training(call: Call) -> None:
     # Training mode drops out (each forward pass draws new masks); eval mode does not, before
     # and after training mode, so eval logits stay equal to each other.
@@ -771,24 +662,6 @@ def check_dropout_only_in_training(call: Call) -> None:
         )
 
 
-def learning_setup() -> dict[str, Any]:
-    """The learning test's task, model and recipe, with the bar derived from impl."""
-    return json.loads((DATA / "learning_bar.json").read_text())
-
-
-def addition_inputs(setup: dict[str, Any]) -> dict[str, Any]:
-    """The reversed-addition split as arrays: training data and the held-out sums."""
-    from tasks import addition
-
-    task = setup["task"]
-    d = addition.load(task["digits"], task["n_test"], task["n_train"], task["seed"])
-    return {
-        "data": {"src": d.train_src.numpy(), "tgt": d.train_tgt.numpy(), "pad_id": d.pad},
-        "eval_src": d.test_src.numpy(),
-        "eval_tgt": d.test_tgt.numpy(),
-    }
-
-
 def heldout_loss(call: Call, setup: dict[str, Any], seed: int) -> float:
     """Train the subject as the setup says, then the oracle's cross-entropy of its trained
     weights on the held-out sums (teacher forcing, the oracle's causal forward pass): neither the
@@ -811,6 +684,12 @@ def heldout_loss(call: Call, setup: dict[str, Any], seed: int) -> float:
     return float(oracle.label_smoothed_loss(logits, tgt_out, 0.0, PAD)[0])
 
 
+@law(
+    "test_learns_reversed_addition",
+    "600 updates on two-digit reversed addition reach impl's held-out loss bar",
+    timeout=90.0,
+    points=10,
+)
 def check_learns_reversed_addition(call: Call) -> None:
     # 600 updates on two-digit reversed addition reach impl's held-out loss bar.
     setup = learning_setup()
@@ -823,103 +702,5 @@ def check_learns_reversed_addition(call: Call) -> None:
         )
 
 
-SHARED_TESTS: tuple[Test, ...] = (
-    Test(
-        "test_hand_example_label_smoothing",
-        "section 3's label smoothing: 0.618111, p - q, and a pad row that counts for nothing",
-        check_hand_example_label_smoothing,
-        timeout=20.0,
-    ),
-    Test(
-        "test_hand_example_noam",
-        "section 3's Noam rates: 0.03125, 0.125, 0.0625 at updates 0, 3, 15",
-        check_hand_example_noam,
-        timeout=20.0,
-    ),
-    Test(
-        "test_golden_torch",
-        "logits, smoothed loss and every gradient equal the oracle's, both norms, every tying",
-        check_golden_torch,
-        timeout=30.0,
-    ),
-    Test(
-        "test_decoder_is_causal",
-        "changing targets after t leaves logits 0..t bitwise equal",
-        check_decoder_is_causal,
-        timeout=20.0,
-    ),
-    Test(
-        "test_source_padding_is_never_read",
-        "ids at padded source positions, and extra padding, change nothing",
-        check_source_padding_is_never_read,
-        timeout=20.0,
-    ),
-    Test(
-        "test_decoder_reads_the_source",
-        "a different source changes every row's logits",
-        check_decoder_reads_the_source,
-        timeout=20.0,
-    ),
-    Test(
-        "test_decode_step_equals_forward",
-        "step-by-step decoding equals the full forward pass; a state is never mutated",
-        check_decode_step_equals_forward,
-        timeout=20.0,
-    ),
-    Test(
-        "test_embeddings_scaled_and_tied",
-        "x0 = E sqrt(d) + PE; one tied table, listed once; tables start at N(0, 1/d)",
-        check_embeddings_scaled_and_tied,
-        timeout=20.0,
-    ),
-    Test(
-        "test_parameter_names_follow_the_norm",
-        "exactly the contract's names and shapes; pre-LN adds exactly enc_norm and dec_norm",
-        check_parameter_names_follow_the_norm,
-        timeout=20.0,
-    ),
-    Test(
-        "test_optimizer_is_the_papers_adam",
-        "make_optimizer is Adam over every parameter, betas (0.9, 0.98), eps 1e-9, no decay",
-        check_optimizer_is_the_papers_adam,
-        timeout=20.0,
-    ),
-    Test(
-        "test_fit_follows_the_schedule_and_is_reproducible",
-        "exact step count, Noam or constant rates, same seed same losses, mode restored",
-        check_fit_follows_the_schedule_and_is_reproducible,
-        timeout=30.0,
-    ),
-    Test(
-        "test_translate_is_greedy_with_beam_one_and_drops_eos",
-        "beam 1 equals an argmax loop; no eos; mode restored; save/load gives the same logits",
-        check_translate_is_greedy_with_beam_one_and_drops_eos,
-        timeout=30.0,
-    ),
-    Test(
-        "test_beam_search_matches_oracle",
-        "translate equals the pinned beam search for beams 1-4 and length penalties 0, 1, 2",
-        check_beam_search_matches_oracle,
-        timeout=30.0,
-    ),
-    Test(
-        "test_validation",
-        "bad input raises the contract's error class",
-        check_validation,
-        timeout=20.0,
-    ),
-    Test(
-        "test_dropout_only_in_training",
-        "dropout acts in training mode, with new masks each pass, and never in eval mode",
-        check_dropout_only_in_training,
-        timeout=20.0,
-    ),
-    Test(
-        "test_learns_reversed_addition",
-        "600 updates on two-digit reversed addition reach impl's held-out loss bar",
-        check_learns_reversed_addition,
-        timeout=90.0,
-    ),
-)
-
+SHARED_TESTS: tuple[Test, ...] = tuple(REGISTRY)
 BY_NAME = {t.name: t for t in SHARED_TESTS}

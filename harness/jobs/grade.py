@@ -9,14 +9,13 @@ worker and whatever it started is gone, so nothing the submission wrote can stan
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import threading
 import time
 import traceback
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -24,7 +23,6 @@ from typing import Any
 
 import pandas as pd
 
-from harness.diagnosis import diagnose
 from harness.engine import Cell, Launch, run_subject, unjudgeable
 from harness.isolation.forkserver import forked
 from harness.isolation.sandbox import (
@@ -43,24 +41,14 @@ from harness.options import (
     add_isolation,
     isolation_problem,
     positive,
-    report_path_problem,
     usage_error,
-    write_report,
 )
 from harness.outcomes import Outcome
-from harness.shared_tests import DATA, SHARED_TESTS
+from harness.reports.writer import report_path_problem, write_report
+from harness.shared_tests.diagnosis import diagnose
+from harness.shared_tests.laws import SHARED_TESTS
+from harness.shared_tests.record import Test
 from harness.subjects import Kind, Subject
-from harness.suite import Test
-
-WEIGHTS = DATA / "grade_weights.json"
-
-
-# The tests whose failures a forward-pass diagnosis explains (they compare the model's values).
-_VALUE_TESTS = {
-    "test_golden_torch",
-    "test_decode_step_equals_forward",
-    "test_embeddings_scaled_and_tied",
-}
 
 # What each outcome means to a student, before the engine's own message.
 _REASON = {
@@ -69,12 +57,6 @@ _REASON = {
     Outcome.TIMEOUT: "timed out",
     Outcome.NOT_APPLICABLE: "not applicable",
 }
-
-
-def points() -> Callable[[str], float]:
-    """Points per test, from harness/data/grade_weights.json (the one place they are set)."""
-    data = json.loads(WEIGHTS.read_text())
-    return lambda name: float(data["points"].get(name, data["default"]))
 
 
 @dataclass
@@ -88,6 +70,7 @@ class TestResult:
     max_score: float
     message: str  # what a student can act on; empty when passed
     seconds: float
+    visibility: str = "visible"  # Gradescope's, from the test's record
 
     @property
     def passed(self) -> bool:
@@ -160,7 +143,6 @@ def grade(
     grading it becomes that submission's failing grade with the reason, never an exception."""
     start = time.monotonic()
     path = Path(path)
-    weight = points()
     if time_limit is not None:  # a cap on every test's own limit
         tests = [replace(t, timeout=min(t.timeout, time_limit)) for t in tests]
     load_timeout = time_limit if time_limit is not None else LOAD_TIMEOUT
@@ -169,7 +151,7 @@ def grade(
 
     def failing(reason: str, outcome: Outcome = Outcome.KILLED) -> list[TestResult]:
         return [
-            TestResult(t.name, t.law, outcome.value, 0.0, weight(t.name), reason, 0.0)
+            TestResult(t.name, t.law, outcome.value, 0.0, t.points, reason, 0.0, t.visibility)
             for t in tests
         ]
 
@@ -189,8 +171,9 @@ def grade(
 
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
             cells, starts = run_subject(subject, tests, lambda test, cell: None, launch)
-            failed = {t.name for t in tests if cells[t.name].outcome is Outcome.KILLED}
-            found = _diagnose(launch(subject)) if failed & _VALUE_TESTS else {}
+            values = [t for t in tests if t.values]  # a failure there gets the diagnosis
+            failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)
+            found = _diagnose(launch(subject)) if failed else {}
     except UnsafeInput as e:
         reason = f"rejected: {e}"
         return Grade(str(path), failing(reason), reason, {}, time.monotonic() - start, mode)
@@ -205,7 +188,7 @@ def grade(
             mode,
             error=traceback.format_exc(),
         )
-    results = [_result(t, cells[t.name], weight(t.name), found) for t in tests]
+    results = [_result(t, cells[t.name], found) for t in tests]
     g = Grade(str(path), results, "", found, time.monotonic() - start, mode)
     g.start_seconds = [round(x, 3) for x in starts]
     return g
@@ -229,17 +212,23 @@ def _diagnose(launch: Launch) -> dict[str, str]:
         worker.close()
 
 
-def _result(test: Test, cell: Cell, max_score: float, found: dict[str, str]) -> TestResult:
+def _result(test: Test, cell: Cell, found: dict[str, str]) -> TestResult:
     message = ""
     if cell.outcome is not Outcome.PASSED:
         message = f"{_REASON[cell.outcome]}: {cell.message}".strip()
-        if test.name in _VALUE_TESTS and found:
+        if test.values and found:
             message += "\n" + "\n".join(f"{name}: {line}" for name, line in found.items())
-    if cell.outcome is Outcome.NOT_APPLICABLE:
-        max_score = 0.0
+    max_score = 0.0 if cell.outcome is Outcome.NOT_APPLICABLE else float(test.points)
     score = max_score if cell.outcome is Outcome.PASSED else 0.0
     return TestResult(
-        test.name, test.law, cell.outcome.value, score, max_score, message, round(cell.seconds, 3)
+        test.name,
+        test.law,
+        cell.outcome.value,
+        score,
+        max_score,
+        message,
+        round(cell.seconds, 3),
+        test.visibility,
     )
 
 
@@ -307,7 +296,7 @@ def gradescope(g: Grade) -> dict[str, Any]:
                 "max_score": t.max_score,
                 "status": "passed" if t.passed else "failed",
                 "output": t.message or t.law,
-                "visibility": "visible",
+                "visibility": t.visibility,
             }
             for t in g.tests
         ],

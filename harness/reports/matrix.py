@@ -6,7 +6,6 @@ Every writer reads the same SuiteRun and Summary, so the formats always agree.
 from __future__ import annotations
 
 import html
-import json
 import os
 import platform
 from pathlib import Path
@@ -246,7 +245,7 @@ def stryker(run: SuiteRun, summary: Summary) -> dict[str, Any]:
         "projectRoot": str(Path(path).parents[1]),
         "files": {rel: {"language": "python", "source": source, "mutants": mutants}},
         "testFiles": {
-            "harness/shared_tests.py": {
+            "harness/shared_tests/laws.py": {
                 "tests": [{"id": t.name, "name": f"{t.name}: {t.law}"} for t in run.tests]
             }
         },
@@ -257,10 +256,3 @@ def stryker(run: SuiteRun, summary: Summary) -> dict[str, Any]:
             "cpu": {"logicalCores": os.cpu_count() or 1},
         },
     }
-
-
-def write(path: str, content: str | dict[str, Any]) -> None:
-    """Write text, or JSON for a dict."""
-    if isinstance(content, dict):
-        content = json.dumps(content, indent=2) + "\n"
-    Path(path).write_text(content)

@@ -1,4 +1,4 @@
-"""Calibrate the float32 tolerances: `python -m harness.calibrate [--write]`.
+"""Calibrate the float32 tolerances: `python -m harness.tools.calibrate [--write]`.
 
 A subject that cannot run in float64 is compared in float32. Its honest error is what the
 correct torch copy shows in float32 on the golden test's inputs: this measures the largest
@@ -15,7 +15,9 @@ import sys
 import numpy as np
 
 from harness.engine import trusted_call
-from harness.shared_tests import DATA, errors, golden_comparisons
+from harness.shared_tests.inputs import DATA
+from harness.shared_tests.laws import golden_comparisons
+from harness.shared_tests.verdicts import errors
 from harness.subjects import Kind, Subject
 
 # float32 rounding varies with the weights and inputs drawn; 10x the worst measured error keeps
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         "tolerance": tolerance,
         "derivation": "largest relative error (|got - want| / max(1, max|want|)) of the float32 "
         "torch copy vs the oracle on test_golden_torch's inputs, times the safety factor; "
-        "reorder = logits; python -m harness.calibrate --write",
+        "reorder = logits; python -m harness.tools.calibrate --write",
     }
     print(json.dumps(result, indent=2))
     if args.write:

@@ -1,0 +1,162 @@
+"""What the shared tests feed a subject: tiny contract configs, padded batches, parent-drawn
+weights, and the learning task's data. Every input is chosen here, in the parent, from seeded
+generators; none comes from the subject."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import oracle
+from oracle.state_dict import contract_keys, expected_shape
+
+PAD, BOS, EOS = 0, 1, 2  # the synthetic vocabularies' special ids; real tokens are 3..V-1
+
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+
+
+def config(**kw: Any) -> dict[str, Any]:
+    """A tiny contract config (every field given, so any subject's dataclass accepts it)."""
+    base = dict(
+        src_vocab=13,
+        tgt_vocab=13,
+        d_model=16,
+        n_heads=2,
+        d_ff=32,
+        n_enc=2,
+        n_dec=2,
+        dropout=0.1,
+        norm="post",
+        tie_embeddings=True,
+        max_len=32,
+        ln_eps=1e-5,
+    )
+    return {**base, **kw}
+
+
+# Both norms and every tying: post with one shared table, pre with a shared target/output table
+# (vocabularies differ), post untied.
+GOLDEN = {
+    "post-LN, one shared table": config(),
+    "pre-LN, target table is the output layer": config(norm="pre", src_vocab=11),
+    "post-LN, untied": config(tie_embeddings=False, tgt_vocab=11),
+}
+
+
+POST, PRE = GOLDEN["post-LN, one shared table"], config(norm="pre")
+
+
+def golden_inputs() -> Iterator[tuple[str, dict[str, Any], dict[str, np.ndarray]]]:
+    """The golden test's (name, config, batch) for each of GOLDEN, in order: the golden test
+    and the diagnosis of its failures both take their inputs from here. Models are initialized
+    under GOLDEN_SEED."""
+    rng = np.random.default_rng(1)
+    for name, cfg in GOLDEN.items():
+        yield name, cfg, batch(rng, cfg, src_lens=[7, 4, 2], tgt_lens=[6, 3, 5])
+
+
+GOLDEN_SEED = 11
+
+
+def tokens(rng: np.random.Generator, vocab: int, shape: tuple[int, ...]) -> np.ndarray:
+    return rng.integers(3, vocab, size=shape, dtype=np.int64)
+
+
+def batch(
+    rng: np.random.Generator, cfg: dict, src_lens: list[int], tgt_lens: list[int]
+) -> dict[str, np.ndarray]:
+    """src padded to the longest, and tgt = bos y1.. eos pad.. split into tgt_in and tgt_out.
+
+    tgt_lens counts the real positions of tgt_in (bos included).
+    """
+    S, T = max(src_lens), max(tgt_lens)
+    src = tokens(rng, cfg["src_vocab"], (len(src_lens), S))
+    src[np.arange(S) >= np.array(src_lens)[:, None]] = PAD
+    tgt = np.full((len(tgt_lens), T + 1), PAD, dtype=np.int64)
+    for b, n in enumerate(tgt_lens):
+        tgt[b, 0] = BOS
+        tgt[b, 1:n] = tokens(rng, cfg["tgt_vocab"], (n - 1,))
+        tgt[b, n] = EOS
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    return {
+        "src": src,
+        "tgt_in": tgt_in,
+        "tgt_out": tgt_out,
+        "src_mask": src != PAD,
+        "tgt_mask": tgt_in != PAD,
+    }
+
+
+def changed(rng: np.random.Generator, ids: np.ndarray, vocab: int, start: int) -> np.ndarray:
+    """ids with every real token from position `start` on replaced by a different real token."""
+    out = ids.copy()
+    tail = out[:, start:]
+    shift = rng.integers(1, vocab - 3, tail.shape)  # never 0: every token changes
+    out[:, start:] = (tail - 3 + shift) % (vocab - 3) + 3
+    return out
+
+
+def forward_inputs(b: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: b[k] for k in ("src", "tgt_in", "src_mask", "tgt_mask")}
+
+
+def tying(cfg: dict) -> str:
+    """The contract's tying scheme of a config: one table (all), target and output (tgt_out),
+    or none."""
+    if not cfg["tie_embeddings"]:
+        return "none"
+    return "all" if cfg["src_vocab"] == cfg["tgt_vocab"] else "tgt_out"
+
+
+def contract_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """The contract's state_dict names and shapes for `cfg`."""
+    names = contract_keys(cfg["n_enc"], cfg["n_dec"], cfg["norm"], tying(cfg))
+    dims = (cfg["d_model"], cfg["d_ff"], cfg["src_vocab"], cfg["tgt_vocab"])
+    return {name: expected_shape(name, *dims) for name in names}
+
+
+def draw_weights(shapes: dict[str, list[int]], cfg: dict, seed: int) -> dict[str, np.ndarray]:
+    """Parent-chosen weights for the subject's state_dict names: tables N(0, 1/d), matrices
+    N(0, 1/fan_in), LayerNorm gains near 1, biases near 0. Decoding tests load them, so their
+    expectations do not depend on how a subject initializes (a fresh tied model's argmax just
+    repeats its input token)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in sorted(shapes.items()):
+        if len(shape) == 2:
+            fan_in = cfg["d_model"] if name.endswith("emb.weight") else shape[1]
+            out[name] = rng.normal(0.0, fan_in**-0.5, shape)
+        elif "norm" in name and name.endswith(".weight"):
+            out[name] = 1.0 + 0.1 * rng.normal(size=shape)
+        else:
+            out[name] = 0.1 * rng.normal(size=shape)
+    return out
+
+
+def contract_params(cfg: dict, seed: int) -> Any:
+    """The oracle's Params of the contract's model for `cfg`, on weights the parent draws."""
+    shapes = {name: list(shape) for name, shape in contract_shapes(cfg).items()}
+    return oracle.read_state_dict(draw_weights(shapes, cfg, seed), cfg)
+
+
+def learning_setup() -> dict[str, Any]:
+    """The learning test's task, model and recipe, with the bar derived from impl."""
+    return json.loads((DATA / "learning_bar.json").read_text())
+
+
+def addition_inputs(setup: dict[str, Any]) -> dict[str, Any]:
+    """The reversed-addition split as arrays: training data and the held-out sums."""
+    from tasks import addition
+
+    task = setup["task"]
+    d = addition.load(task["digits"], task["n_test"], task["n_train"], task["seed"])
+    return {
+        "data": {"src": d.train_src.numpy(), "tgt": d.train_tgt.numpy(), "pad_id": d.pad},
+        "eval_src": d.test_src.numpy(),
+        "eval_tgt": d.test_tgt.numpy(),
+    }

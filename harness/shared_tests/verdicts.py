@@ -1,0 +1,113 @@
+"""How the shared tests judge: tolerances (each with its reason), comparisons that fail on any
+non-finite value, and the oracle's reading of a subject's weights."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+import oracle
+from harness.shared_tests.inputs import DATA
+from harness.shared_tests.record import Failure
+
+# float64 subject vs float64 oracle: both round at ~1e-16 per operation and a tiny model chains a
+# few hundred of them, so honest differences stay near 1e-14 of the values' scale; 1e-10 keeps
+# four orders of margin while any real fault moves logits and gradients by 1e-3 or more.
+TOL_FLOAT64 = 1e-10
+
+
+# The same computation in a different summation order (decode_step's cache vs decode's whole
+# matrices, a padded source of another length): rounding only, a few ulps of O(1) values.
+TOL_REORDER64 = 1e-12
+
+
+def _float32_tolerances() -> dict[str, float]:
+    """float32 subjects: max errors of the float32 torch copy vs the oracle on the golden inputs,
+    times a safety factor (harness/data/float32_tolerance.json says how it was measured)."""
+    path = DATA / "float32_tolerance.json"
+    return json.loads(path.read_text())["tolerance"] if path.exists() else {}
+
+
+TOL_FLOAT32 = _float32_tolerances()
+
+
+def tolerance(dtype: str, what: str) -> float:
+    """The relative tolerance for `what` (logits, loss, grads, reorder) of a subject in dtype."""
+    if dtype == "float64":
+        return TOL_REORDER64 if what == "reorder" else TOL_FLOAT64
+    if dtype == "float32" and what in TOL_FLOAT32:
+        return TOL_FLOAT32[what]
+    raise Failure(f"the subject ran in {dtype}, for which no {what} tolerance is calibrated")
+
+
+def read_params(state: dict[str, np.ndarray], cfg: dict, what: str = "state_dict") -> Any:
+    """The oracle's Params from a subject's arrays; a Failure when they break the contract."""
+    try:
+        params = oracle.read_state_dict(state, cfg)
+    except (ValueError, KeyError, TypeError, IndexError) as e:
+        raise Failure(f"{what} does not follow the contract's names and shapes: {e}") from None
+    bad = sorted(k for k, v in params.arrays.items() if not np.all(np.isfinite(v)))
+    if bad:
+        # the oracle's expectation from NaN weights is NaN: nothing could be judged against it
+        raise Failure(f"{what} holds values that are not finite: {', '.join(bad)}")
+    return params
+
+
+def where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
+    return ", ".join(f"{a} {i}" for a, i in zip(axes, index, strict=False)) or "the value"
+
+
+def errors(got: np.ndarray, want: np.ndarray, mask: np.ndarray | None) -> tuple[np.ndarray, float]:
+    """|got - want| where `mask` (broadcast from the left) holds, 0 elsewhere, inf where either
+    is not finite (so a NaN fails every comparison, never passes one); and the scale
+    max(1, max |want|) that tolerances are relative to."""
+    keep = np.ones(want.shape, dtype=bool)
+    if mask is not None:
+        trailing = (1,) * (want.ndim - mask.ndim)
+        keep = np.broadcast_to(mask.reshape(mask.shape + trailing), want.shape)
+    err = np.where(keep, np.abs(got - want), 0.0)
+    err = np.where(keep & ~(np.isfinite(got) & np.isfinite(want)), np.inf, err)
+    finite = np.where(keep & np.isfinite(want), np.abs(want), 0.0)
+    return err, max(1.0, float(finite.max(initial=0.0)))
+
+
+def assert_close(
+    what: str,
+    got: Any,
+    want: Any,
+    tol: float,
+    mask: np.ndarray | None = None,
+    axes: tuple[str, ...] = ("row", "position", "token"),
+) -> None:
+    """|got - want| <= tol * max(1, max |want|) wherever `mask` (broadcast from the left) holds."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        raise Failure(f"{what}: shape {got.shape}, expected {want.shape}")
+    err, scale = errors(got, want, mask)
+    if err.max(initial=0.0) > tol * scale:
+        i = np.unravel_index(int(np.argmax(err)), err.shape)
+        raise Failure(
+            f"{what}: max abs error {err[i]:.3g} at {where(i, axes)} (got {got[i]:.8g}, expected "
+            f"{want[i]:.8g}); tolerance {tol * scale:.3g}"
+        )
+
+
+def assert_equal_bits(what: str, got: np.ndarray, want: np.ndarray, axes: tuple[str, ...]) -> None:
+    """Bitwise equality, reporting the first differing element."""
+    if got.shape != want.shape:
+        raise Failure(f"{what}: shape {got.shape}, expected {want.shape}")
+    if not np.array_equal(got, want):
+        diff = np.abs(got - want)
+        i = tuple(int(k) for k in np.argwhere(got != want)[0])
+        raise Failure(
+            f"{what}: not bitwise equal; first difference at {where(i, axes)} (change "
+            f"{diff[i]:.3g}), largest change {diff.max():.3g}"
+        )
+
+
+# An honest model's logits move by O(0.1) when an input they depend on changes; 1e-6 is far above
+# float64 rounding (1e-15) and float32's (1e-7 of O(1) values), so only an output that does not
+# read that input stays below it.
+DEPENDS = 1e-6
