@@ -99,7 +99,7 @@ for name in judge:
 site = [p for p in sys.path if p.endswith("site-packages")]
 targets = {
     "tasks/addition.py": os.path.join(PROJECT, "tasks", "addition.py"),
-    "grade_weights.json": os.path.join(PROJECT, "harness", "data", "grade_weights.json"),
+    "expected_matrix.json": os.path.join(PROJECT, "harness", "data", "expected_matrix.json"),
     "site .pth": os.path.join(site[0] if site else "/nonexistent", "xfmr_evil.pth"),
     "usercustomize": os.path.join(site[0] if site else "/nonexistent", "usercustomize.py"),
     "grader cwd conftest": os.path.join("__GRADER_CWD__", "conftest.py"),
