@@ -182,3 +182,21 @@ def test_the_dropout_law_catches_missing_and_ever_present_dropout(tmp_path, faul
     g = grade.grade(submission, [BY_NAME["test_dropout_only_in_training"]])
     [result] = g.tests
     assert result.outcome == "killed", fault
+
+
+@pytest.mark.parametrize(
+    "old, new, words",
+    [
+        ("d_ff: int = 2048", "d_ff: int = 1024", "d_ff defaults to 1024, expected 2048"),
+        ("length_penalty: float = 1.0", "length_penalty: float = 0.6", "length_penalty defaults"),
+    ],
+)
+def test_a_changed_default_is_caught_by_the_defaults_law(tmp_path, old, new, words):
+    # every other test passes every field and argument; only this law sees a default
+    source = (ROOT / "impl" / "transformer.py").read_text()
+    assert source.count(old) == 1
+    submission = tmp_path / "transformer.py"
+    submission.write_text(source.replace(old, new))
+    g = grade.grade(submission, [BY_NAME["test_defaults_are_the_contracts"]])
+    [result] = g.tests
+    assert result.outcome == "killed" and words in result.message, result.message

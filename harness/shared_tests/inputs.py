@@ -4,6 +4,7 @@ generators; none comes from the subject."""
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -160,3 +161,32 @@ def addition_inputs(setup: dict[str, Any]) -> dict[str, Any]:
         "eval_src": d.test_src.numpy(),
         "eval_tgt": d.test_tgt.numpy(),
     }
+
+
+CONTRACT_STUB = Path(__file__).resolve().parents[2] / "impl" / "contract.pyi"
+
+
+def contract_defaults() -> dict[str, dict[str, Any]]:
+    """The defaults impl/contract.pyi gives: TransformerConfig's fields, and each module-level
+    function's parameters ({"config": {field: value}, "functions": {name: {param: value}}})."""
+    tree = ast.parse(CONTRACT_STUB.read_text())
+    config: dict[str, Any] = {}
+    functions: dict[str, dict[str, Any]] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "TransformerConfig":
+            for field in node.body:
+                if isinstance(field, ast.AnnAssign) and field.value is not None:
+                    config[field.target.id] = ast.literal_eval(field.value)
+        elif isinstance(node, ast.FunctionDef):
+            args = node.args
+            positional = [*args.posonlyargs, *args.args][
+                len(args.posonlyargs + args.args) - len(args.defaults) :
+            ]
+            found = {
+                a.arg: ast.literal_eval(d) for a, d in zip(positional, args.defaults, strict=True)
+            }
+            for a, d in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+                if d is not None:
+                    found[a.arg] = ast.literal_eval(d)
+            functions[node.name] = found
+    return {"config": config, "functions": functions}

@@ -26,6 +26,7 @@ from harness.shared_tests.inputs import (
     batch,
     changed,
     config,
+    contract_defaults,
     contract_params,
     contract_shapes,
     draw_weights,
@@ -624,6 +625,29 @@ def check_validation(call: Call) -> None:
             wrong.append(f"{case}: nothing raised, expected {error}")
         elif error not in raised["bases"]:
             wrong.append(f"{case}: raised {raised['type']}, expected {error}")
+    if wrong:
+        raise Failure("; ".join(wrong))
+
+
+@law(
+    "test_defaults_are_the_contracts",
+    "TransformerConfig's defaults and every contract function's defaults are the contract's",
+    timeout=20.0,
+)
+def check_defaults_are_the_contracts(call: Call) -> None:
+    # Every other test passes every config field and argument: only this one sees a default.
+    want = contract_defaults()
+    got = call("defaults", functions=sorted(want["functions"]))
+    wrong = []
+    for where_, expected, actual in [
+        ("TransformerConfig", want["config"], got["config"]),
+        *[(f"{f}()", want["functions"][f], got["functions"][f]) for f in sorted(want["functions"])],
+    ]:
+        for name, value in expected.items():
+            if name not in actual:
+                wrong.append(f"{where_}: {name} has no default, expected {value!r}")
+            elif actual[name] != value:  # 1 for 1.0 is the same default
+                wrong.append(f"{where_}: {name} defaults to {actual[name]!r}, expected {value!r}")
     if wrong:
         raise Failure("; ".join(wrong))
 

@@ -85,6 +85,22 @@ def loss_example(module, logits, targets, eps, pad_id) -> dict[str, Any]:
 
 
 @probe
+def defaults(module, functions) -> dict[str, Any]:
+    """The default of every TransformerConfig field, and of every parameter of the named
+    contract functions (a parameter without one: absent)."""
+    import inspect
+
+    def of(fn: Any) -> dict[str, Any]:
+        params = inspect.signature(fn).parameters.values()
+        return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+    return {
+        "config": of(module.TransformerConfig),
+        "functions": {f: of(getattr(module, f)) for f in functions},
+    }
+
+
+@probe
 def noam_rates(module, cases) -> list[float]:
     """noam_rate(step, d_model, warmup, factor) for each case."""
     return [float(module.noam_rate(s, d, w, f)) for s, d, w, f in cases]
