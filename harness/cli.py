@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import select
 import sys
 
 # name -> (module, one-line help). The module defines configure_<name>(parser) and
@@ -62,9 +63,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(rest)
     try:
         return int(getattr(module, f"run_{attr}")(args) or 0)
-    except BrokenPipeError:  # `xfmr ... | head`: the reader left, which is not an error
+    except BrokenPipeError:
+        if not _stdout_is_broken():
+            raise  # a pipe of the job's own: an error like any other
+        # `xfmr ... | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+
+
+def _stdout_is_broken() -> bool:
+    """Is standard output a pipe whose reader has gone?"""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
 
 
 if __name__ == "__main__":

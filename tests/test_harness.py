@@ -267,3 +267,20 @@ def test_outcomes_count_as_stryker_does():
     assert Outcome.ERROR.false_alarm and not Outcome.NOT_APPLICABLE.false_alarm
     assert mutant_outcome([Outcome.PASSED, Outcome.ERROR, Outcome.TIMEOUT]) is Outcome.TIMEOUT
     assert mutant_outcome([Outcome.NOT_APPLICABLE]) is Outcome.NOT_APPLICABLE
+
+
+def test_only_a_broken_stdout_is_a_quiet_exit(monkeypatch):
+    # `xfmr ... | head` ends quietly; a broken pipe of the job's own (a worker's) is an error
+    from harness import cli
+
+    r, w = os.pipe()
+    with os.fdopen(w, "w") as out:
+        monkeypatch.setattr("sys.stdout", out)
+        assert not cli._stdout_is_broken()
+        os.close(r)
+        assert cli._stdout_is_broken()
+        monkeypatch.undo()
+        try:
+            out.close()
+        except BrokenPipeError:
+            pass
