@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from harness.isolation.worker import Process
+from harness.isolation.worker import Process, kill_group
 
 MAX_MESSAGE = 4096
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -81,12 +80,7 @@ class _Forked:
         return status
 
     def kill(self) -> None:
-        kills = (os.killpg,) if self._done else (os.killpg, os.kill)
-        for kill in kills:  # the group; the worker itself if it has not led one yet
-            try:
-                kill(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_group(self.pid, reaped=self._done)
 
     def release(self) -> None:
         pass

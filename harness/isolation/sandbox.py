@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.isolation.worker import Process, Start
+from harness.isolation.worker import Process, Start, kill_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The project's top-level packages: masked wherever the interpreter's paths hold them.
@@ -250,11 +250,7 @@ class _Sandboxed:
 
     def kill(self) -> None:
         # bwrap leads its own process group; its death ends the sandbox's pid namespace
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(self.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        kill_group(self.pid, reaped=self.proc.returncode is not None)
 
     def release(self) -> None:
         pass

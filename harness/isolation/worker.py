@@ -206,6 +206,16 @@ class Worker:
             self.process.release()
 
 
+def kill_group(pid: int, reaped: bool) -> None:
+    """SIGKILL the process group `pid` leads and, unless it was already reaped (its pid may be
+    someone else's by now), `pid` itself: a worker or a sandbox, and whatever it started."""
+    for kill in (os.killpg,) if reaped else (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def _signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
