@@ -98,6 +98,24 @@ def leftovers() -> list[str]:
     return found
 
 
+TARGETS: dict[str, str] = {}  # attack_escape's write targets, by its labels
+
+
+def escape_targets(fill: dict[str, str]) -> dict[str, str]:
+    """The paths attack_escape writes to (as it computes them inside), by label."""
+    site = sysconfig.get_paths()["purelib"]
+    return {
+        "tasks/addition.py": f"{fill['PROJECT']}/tasks/addition.py",
+        "expected_matrix.json": f"{fill['PROJECT']}/harness/data/expected_matrix.json",
+        "site .pth": f"{site}/xfmr_evil.pth",
+        "usercustomize": f"{site}/usercustomize.py",
+        "grader cwd conftest": f"{fill['GRADER_CWD']}/conftest.py",
+        "grader cwd sitecustomize": f"{fill['GRADER_CWD']}/sitecustomize.py",
+        "root bashrc": "/root/.bashrc",
+        "report": fill["REPORT"],
+    }
+
+
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
     """Every hostile submission and one correct classmate, graded by one `xfmr grade-batch`."""
@@ -116,6 +134,7 @@ def batch(tmp_path_factory):
         "GRADER_CWD": os.getcwd(),
     }
     standalone("attack_escape", folder, **fill)
+    TARGETS.update(escape_targets(fill))
     standalone("attack_classmate", folder)
     (folder / "victim.py").write_text((ROOT / "impl" / "torch_copy.py").read_text())
     before = snapshot()
@@ -139,6 +158,13 @@ def batch(tmp_path_factory):
         "changed": {k: v for k, v in snapshot().items() if v != before[k]},
         "leftovers": leftovers(),
     }
+
+
+def mount_skeleton() -> set[str]:
+    """What a sandbox's private /tmp holds before anything runs: the first folder of each
+    read-only view that lies under /tmp (a checkout and its virtualenv there), nothing else."""
+    paths = [sys.prefix, *sysconfig.get_paths().values(), str(ROOT)]
+    return {Path(p).relative_to("/tmp").parts[0] for p in paths if p.startswith("/tmp/")}
 
 
 def outputs(batch, name: str) -> dict[str, tuple[str, str]]:
@@ -210,7 +236,12 @@ def test_no_route_out_of_the_sandbox(batch):
     found = findings(batch, "attack_escape")
     assert set(found["read"]) >= {"double slash", "symlink in cwd", "dir_fd", "cat", "git objects"}
     assert all(v is None for v in found["read"].values()), found["read"]
-    assert not any(found["wrote"].values()), found["wrote"]
+    # a write may only land in the sandbox's own /tmp (where a checkout under /tmp has the empty
+    # folders its interpreter is mounted on); test_nothing_outside_the_run_changed shows the
+    # real files untouched
+    assert all(
+        not wrote or TARGETS[name].startswith("/tmp/") for name, wrote in found["wrote"].items()
+    ), found["wrote"]
     assert found["modules"] == []
     # the only process in view is its own sandbox's pid 1 (bwrap's reaper): it may stop that
     assert found["processes"] == [] and found.get("stopped parent") in (None, 1)
@@ -225,7 +256,7 @@ def test_classmates_are_out_of_reach(batch):
     found = findings(batch, "attack_classmate")
     assert found["submissions"] == []
     assert not any("grade-batch" in c or "pytest" in c for c in found["cmdlines"]), found
-    assert found["tmp"] == []
+    assert set(found["tmp"]) <= mount_skeleton()  # its own /tmp: empty but for mount points
     assert batch["results"]["attack_classmate"]["score"] == 0
     victim = batch["results"]["victim"]
     assert victim["score"] == sum(t["max_score"] for t in victim["tests"]) > 0
