@@ -348,7 +348,7 @@ def _spread(seconds: dict[str, list[float]]) -> str:
     if not every:
         return "not measured"
     return (
-        f"median {every[len(every) // 2]:.1f} s, max {every[-1]:.1f} s over {len(every)} sandboxes"
+        f"median {every[len(every) // 2]:.1f} s, max {every[-1]:.1f} s over {len(every)} workers"
     )
 
 
