@@ -11,6 +11,7 @@ import importlib
 import os
 import select
 import sys
+from importlib.metadata import version
 
 # name -> (module, one-line help). The module defines configure_<name>(parser) and
 # run_<name>(args) -> int, with '-' in the name written as '_'.
@@ -48,8 +49,11 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--version":
+        print(f"xfmr {version('xfmr-oracle')}")
+        return 0
     if not argv or argv[0] in {"-h", "--help"}:
-        print(_usage())
+        print(_usage(), file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:

@@ -200,3 +200,53 @@ def test_a_changed_default_is_caught_by_the_defaults_law(tmp_path, old, new, wor
     g = grade.grade(submission, [BY_NAME["test_defaults_are_the_contracts"]])
     [result] = g.tests
     assert result.outcome == "killed" and words in result.message, result.message
+
+
+# Every escape sequence and XML-forbidden control character a student's exception can carry.
+NOISY = "".join(chr(c) for c in range(32) if chr(c) not in "\t\n") + "\x7f\x1b[31mred\x1b[0m"
+
+
+def test_student_text_with_control_characters_keeps_the_junit_file_valid(tmp_path):
+    submission = tmp_path / "noisy.py"
+    raising = f"def noam_rate(step, d_model, warmup, factor=1.0):\n    raise ValueError({NOISY!r})"
+    submission.write_text((ROOT / "impl" / "torch_copy.py").read_text() + "\n\n" + raising)
+    tests = [BY_NAME["test_hand_example_noam"], BY_NAME["test_defaults_are_the_contracts"]]
+    g = grade.grade(submission, tests)
+    suite = ET.fromstring(grade.junit(g).split("\n", 1)[1]).find("testsuite")  # a real parser
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("2", "1", "0")
+    message = suite.find("testcase/failure").get("message")
+    assert "red" in message and "\\x07" in message and "\x1b" not in message
+    assert "\x1b" not in grade.text(g) and "\x00" not in json.dumps(grade.gradescope(g))
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["grade", "impl/torch_copy.py", "--tests", "nope"], "--tests: unknown ['nope']"),
+        (["grade", "impl/torch_copy.py", "--time-limit", "0"], "must be above 0"),
+        (["grade", "impl/torch_copy.py", "--memory-mb", "-5"], "must be above 0"),
+        (["grade", "impl/torch_copy.py", "--json", "/nonexistent/x.json"], "does not exist"),
+        (["grade-batch", "examples", "--out", "/proc/xfmr"], "cannot create"),
+        (["matrix", "--only", "s99"], "--only: unknown ['s99']"),
+        (["matrix", "--tests", "nope"], "--tests: unknown ['nope']"),
+        (["mutation-score", "examples/student_tests_weak", "--jobs", "0"], "must be above 0"),
+        ([], "usage: xfmr COMMAND"),
+    ],
+)
+def test_a_bad_option_or_path_is_a_usage_error_before_anything_runs(capsys, argv, words):
+    try:
+        status = main(argv)
+    except SystemExit as e:  # argparse's own usage errors
+        status = e.code
+    assert status == 2
+    assert words in capsys.readouterr().err
+
+
+def test_python_dash_m_harness_is_the_xfmr_command():
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "harness", "--version"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert done.returncode == 0 and done.stdout.startswith("xfmr ")

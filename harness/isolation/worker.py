@@ -10,6 +10,7 @@ parent's exception.
 from __future__ import annotations
 
 import os
+import re
 import select
 import signal
 import tempfile
@@ -24,6 +25,19 @@ from harness import wire
 LOAD_TIMEOUT = 60.0
 # How often a wait for a reply checks that the worker still runs (seconds).
 _LIVENESS_SLICE = 0.25
+
+
+# ANSI escape sequences (a student's colored output), then every other control character but
+# newline and tab: XML 1.0 forbids most of them and a terminal obeys them.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
+def printable(text: str) -> str:
+    """Untrusted text made safe for every report and terminal: escape sequences dropped, other
+    control characters shown as \\xNN (so nothing is silently lost)."""
+    text = _ANSI.sub("", str(text))
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 class WorkerDied(Exception):
@@ -41,7 +55,8 @@ class SubjectRaised(Exception):
         self.probe = probe
         self.error = error
         where = f" at {error['where']}" if error.get("where") else ""
-        super().__init__(f"{probe}: the subject raised {error['type']}: {error['message']}{where}")
+        said = f"{probe}: the subject raised {error['type']}: {error['message']}{where}"
+        super().__init__(printable(said))
 
 
 class Process(Protocol):
@@ -174,7 +189,7 @@ class Worker:
                 reason = f"worker exited with status {self.status}"
             if not isinstance(cause, wire.ChannelClosed):
                 reason += f" after a protocol error ({cause})"
-        tail = self.output_tail()
+        tail = printable(self.output_tail())
         return f"{reason}; its last output: {tail}" if tail else reason
 
     def _reap(self, timeout: float) -> int | None:

@@ -34,7 +34,13 @@ from harness.isolation.sandbox import (
     staged,
 )
 from harness.isolation.static_check import check_submission
-from harness.isolation.worker import LOAD_TIMEOUT, SubjectRaised, WorkerDied, WorkerTimeout
+from harness.isolation.worker import (
+    LOAD_TIMEOUT,
+    SubjectRaised,
+    WorkerDied,
+    WorkerTimeout,
+    printable,
+)
 from harness.options import (
     SANDBOX,
     UNSAFE,
@@ -237,7 +243,7 @@ def _result(test: Test, cell: Cell, found: dict[str, str]) -> TestResult:
 
 def text(g: Grade) -> str:
     """The readable summary: one line per test, then why each failure failed."""
-    lines = [f"Grading {g.submission}", ""]
+    lines = [f"Grading {printable(g.submission)}", ""]
     if g.isolation != SANDBOX:
         lines += [g.isolation, ""]
     if g.rejected:
@@ -281,13 +287,21 @@ def to_json(g: Grade) -> dict[str, Any]:
     }
 
 
+def _summary(g: Grade) -> str:
+    if g.error:
+        return (
+            "GRADER ERROR: the grader failed while grading this submission; this is not a "
+            "verdict on your code. Course staff have the details (exit status 3)."
+        )
+    return g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
+
+
 def gradescope(g: Grade) -> dict[str, Any]:
     """Gradescope's results.json (score, execution_time, output, tests[])."""
     return {
         "score": g.score,
         "execution_time": round(g.seconds, 2),
-        "output": (g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed")
-        + ("" if g.isolation == SANDBOX else f"\n{g.isolation}"),
+        "output": _summary(g) + ("" if g.isolation == SANDBOX else f"\n{g.isolation}"),
         "visibility": "visible",
         "tests": [
             {
@@ -307,7 +321,7 @@ def junit(g: Grade) -> str:
     """JUnit XML: one testcase per shared test; crashes and timeouts as <error>."""
     suite = ET.Element(
         "testsuite",
-        name=f"xfmr grade {Path(g.submission).name}",
+        name=printable(f"xfmr grade {Path(g.submission).name}"),
         tests=str(len(g.tests)),
         failures=str(sum(t.outcome == Outcome.KILLED.value for t in g.tests)),
         errors=str(sum(t.outcome in ("error", "timeout") for t in g.tests)),
@@ -318,10 +332,12 @@ def junit(g: Grade) -> str:
         case = ET.SubElement(
             suite, "testcase", classname="xfmr.shared_tests", name=t.name, time=f"{t.seconds:.3f}"
         )
+        message = printable(t.message)  # XML 1.0 forbids most control characters
+        first = (message.splitlines() or [""])[0]
         if t.outcome == Outcome.KILLED.value:
-            ET.SubElement(case, "failure", message=t.message.splitlines()[0]).text = t.message
+            ET.SubElement(case, "failure", message=first).text = message
         elif t.outcome in ("error", "timeout"):
-            ET.SubElement(case, "error", message=t.message.splitlines()[0]).text = t.message
+            ET.SubElement(case, "error", message=first).text = message
         elif t.outcome == Outcome.NOT_APPLICABLE.value:
             ET.SubElement(case, "skipped")
     root = ET.Element("testsuites")
@@ -347,14 +363,16 @@ def _selected(args: argparse.Namespace) -> list[Test]:
     names = args.tests.split(",")
     unknown = sorted(set(names) - {t.name for t in SHARED_TESTS})
     if unknown:
-        raise SystemExit(f"xfmr: unknown tests {unknown}; known: {[t.name for t in SHARED_TESTS]}")
+        known = [t.name for t in SHARED_TESTS]
+        raise SystemExit(usage_error("grade", f"--tests: unknown {unknown}; known: {known}"))
     return [t for t in SHARED_TESTS if t.name in names]
 
 
 def configure_grade(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "exit status: 0 every test passed; 1 some test failed (or the submission was rejected); "
-        "2 nothing was graded (bad options, an unwritable report path, no sandbox)"
+        "2 nothing was graded (bad options, an unwritable report path, no sandbox); 3 the "
+        "grader itself failed on the submission (the reports say so)"
     )
     parser.add_argument("submission", help="a .py file or a package directory")
     parser.add_argument("--json", metavar="FILE", help="the grade as JSON")
@@ -373,6 +391,8 @@ def run_grade(args: argparse.Namespace) -> int:
     limits = Limits(memory_mb=args.memory_mb)
     g = grade(args.submission, _selected(args), limits, args.time_limit, args.unsafe_no_sandbox)
     print(text(g))
+    if g.error:
+        print(f"xfmr grade: grader error (exit 3):\n{g.error}", file=sys.stderr)
     for path, content in (
         (args.json, lambda: to_json(g)),
         (args.junit, lambda: junit(g)),
@@ -380,7 +400,7 @@ def run_grade(args: argparse.Namespace) -> int:
     ):
         if path:
             write_report(path, content())
-    return 0 if g.passed else 1
+    return 3 if g.error else 0 if g.passed else 1
 
 
 # --- xfmr grade-batch -------------------------------------------------------------------------
@@ -455,13 +475,16 @@ def batch_table(grades: Sequence[Grade]) -> pd.DataFrame:
 
 
 def hardest(grades: Sequence[Grade]) -> pd.DataFrame:
-    """Which tests students fail most: failures, share of submissions, most common outcome."""
+    """Which tests students fail most: failures, share of submissions, most common outcome.
+    Rejected submissions (nothing ran) and grader errors are left out: they failed no test."""
+    ran = [g for g in grades if not g.rejected and not g.error]
     cells = pd.DataFrame(
         [
             {"test": t.name, "failed": not t.passed, "outcome": t.outcome}
-            for g in grades
+            for g in ran
             for t in g.tests
-        ]
+        ],
+        columns=["test", "failed", "outcome"],
     )
     failing = cells[cells.failed]
     table = cells.groupby("test", sort=False).agg(failed=("failed", "sum"), of=("failed", "size"))
@@ -513,7 +536,13 @@ def run_grade_batch(args: argparse.Namespace) -> int:
     for g in grades:
         write_report(out / f"{Path(g.submission).stem}.gradescope.json", gradescope(g))
     print(table[["submission", "score", "max_score", "passed"]].to_string(index=False))
-    print("\nTests students fail most:")
+    print("\nTests students fail most (of the submissions that ran):")
     print(worst.to_string(index=False))
+    for g in grades:
+        if g.rejected or g.error:
+            why = g.rejected or "grader error"
+            print(f"not counted: {printable(Path(g.submission).name)}: {why}")
     print(f"\nwrote {out}/grades.csv, {out}/hardest_tests.csv and one Gradescope JSON each")
+    if any(g.error for g in grades):
+        return 3
     return 0 if all(g.passed for g in grades) else 1

@@ -93,6 +93,14 @@ def run_matrix(args: argparse.Namespace) -> int:
         print(show_patches())
         return 0
     subjects, tests = matrix_subjects(), list(SHARED_TESTS)
+    for option, names, known in (
+        ("--only", args.only, [s.name for s in subjects]),
+        ("--tests", args.tests, [t.name for t in tests]),
+    ):
+        unknown = sorted(set(names.split(",")) - set(known)) if names else []
+        if unknown:
+            print(f"xfmr matrix: {option}: unknown {unknown}; known: {known}", file=sys.stderr)
+            return 2
     if args.only:
         subjects = [s for s in subjects if s.name in args.only.split(",")]
     if args.tests:

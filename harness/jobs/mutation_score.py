@@ -34,7 +34,7 @@ from harness.analysis import Summary, summarize
 from harness.engine import Cell, Launch, SuiteRun, unjudgeable
 from harness.isolation.forkserver import forked
 from harness.isolation.sandbox import DEFAULT_LIMITS, INPUT, Limits, UnsafeInput, sandboxed, staged
-from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout
+from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout, printable
 from harness.jobs.disguise import disguise
 from harness.options import (
     add_isolation,
@@ -173,14 +173,14 @@ class _Events:
             raise TypeError(f"an event must be an object, got {type(event).__name__}")
         kind = event.get("event")
         if kind == "collected" and not self.out.collected:
-            self.out.collected = [str(n) for n in event["nodeids"]]
+            self.out.collected = [printable(n) for n in event["nodeids"]]
         elif kind == "start":
-            self.current = str(event["nodeid"])
+            self.current = printable(event["nodeid"])
             self.deadline = time.monotonic() + self.time_limit
         elif kind == "result":
             outcome = _OUTCOMES.get(event["outcome"], Outcome.ERROR)
-            cell = Cell(outcome, str(event["message"]), float(event["seconds"]))
-            self.out.cells[str(event["nodeid"])] = cell
+            cell = Cell(outcome, printable(event["message"]), float(event["seconds"]))
+            self.out.cells[printable(event["nodeid"])] = cell
             self.current = None
             self.deadline = time.monotonic() + self.time_limit
 
