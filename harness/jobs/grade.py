@@ -195,9 +195,8 @@ def grade(
             error=traceback.format_exc(),
         )
     results = [_result(t, cells[t.name], found) for t in tests]
-    g = Grade(str(path), results, "", found, time.monotonic() - start, mode)
-    g.start_seconds = [round(x, 3) for x in starts]
-    return g
+    seconds = time.monotonic() - start
+    return Grade(str(path), results, "", found, seconds, mode, start_seconds=starts)
 
 
 def _diagnose(launch: Launch) -> dict[str, str]:
@@ -281,7 +280,7 @@ def to_json(g: Grade) -> dict[str, Any]:
         "diagnosis": g.diagnosis,
         "seconds": round(g.seconds, 2),
         "isolation": g.isolation,
-        "start_seconds": g.start_seconds,
+        "start_seconds": [round(x, 3) for x in g.start_seconds],
         "grader_error": g.error,
         "tests": [asdict(t) for t in g.tests],
     }
