@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from oracle.depth_stacks import BLOCK_PARAMS, stack_input_grad
+from oracle.adapters.depth_stacks import BLOCK_PARAMS, stack_input_grad
 
 NORMS = ("post", "pre")
 

@@ -2,13 +2,22 @@
 
 Read top to bottom: ops.py (the primitives), layers.py (sublayers and layers), model.py (the
 stacks), decoding.py (KV-cached steps, beam search), loss.py (label smoothing, Noam),
-grads.py (the backward pass, chained from the backwards beside each forward), and state_dict.py
-(reading any subject's parameters), marian.py (Hugging Face Marian checkpoints), flax_block.py
-(seed 002's Flax pre-LN decoder block), depth_stacks.py (seed 004's shared-weight stacks).
+grads.py (the backward pass, chained from the backwards beside each forward), params.py. Then
+readers/ (state_dict.py: any subject's parameters; marian.py: Hugging Face Marian checkpoints)
+and adapters/ (flax_block.py: seed 002's Flax pre-LN decoder block; depth_stacks.py: seed 004's
+shared-weight stacks).
 numpy only: no torch, no autograd.
 """
 
-import oracle.marian  # noqa: F401  (registers the Hugging Face Marian naming scheme)
+import oracle.readers.marian  # noqa: F401  (registers the Hugging Face Marian naming scheme)
+from oracle.adapters.depth_stacks import (
+    post_norm_block,
+    pre_norm_block,
+    stack_input_grad,
+    stack_post_norm_blocks,
+    stack_pre_norm_blocks,
+)
+from oracle.adapters.flax_block import flax_decoder_block
 from oracle.decoding import (
     DecodeState,
     Hypothesis,
@@ -18,19 +27,11 @@ from oracle.decoding import (
     init_state,
     translate,
 )
-from oracle.depth_stacks import (
-    post_norm_block,
-    pre_norm_block,
-    stack_input_grad,
-    stack_post_norm_blocks,
-    stack_pre_norm_blocks,
-)
-from oracle.flax_block import flax_decoder_block
 from oracle.grads import loss_and_grads
 from oracle.loss import label_smoothed_loss, noam_rate
 from oracle.model import decode, encode, forward
 from oracle.params import ModelSpec, Params
-from oracle.state_dict import SCHEMES, StateDictError, read_state_dict, register_scheme
+from oracle.readers.state_dict import SCHEMES, StateDictError, read_state_dict, register_scheme
 
 __all__ = [
     "SCHEMES",

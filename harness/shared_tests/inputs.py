@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 import oracle
-from oracle.state_dict import contract_keys, expected_shape
+from oracle.readers.state_dict import contract_keys, expected_shape
 
 PAD, BOS, EOS = 0, 1, 2  # the synthetic vocabularies' special ids; real tokens are 3..V-1
 

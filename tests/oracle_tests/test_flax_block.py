@@ -1,4 +1,4 @@
-"""oracle.flax_block against the real Flax Linen module of seed 002, run by jax in float64."""
+"""oracle.adapters.flax_block against the real Flax Linen module of seed 002, run by jax."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ nn = pytest.importorskip("flax.linen")
 jax.config.update("jax_enable_x64", True)
 jnp = jax.numpy
 
-from oracle.flax_block import flatten_variables, flax_decoder_block  # noqa: E402
+from oracle.adapters.flax_block import flatten_variables, flax_decoder_block  # noqa: E402
 
 # Both sides compute in float64 with the same operations in a different order (flax's LayerNorm
 # uses E[x^2] - E[x]^2, XLA its own reductions); a few hundred ulps of O(1) values is ~1e-13.

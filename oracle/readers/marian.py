@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from oracle.params import Params
-from oracle.state_dict import (
+from oracle.readers.state_dict import (
     StateDictError,
     config_value,
     contract_keys,

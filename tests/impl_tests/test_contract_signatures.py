@@ -11,7 +11,7 @@ import pytest
 
 from impl import torch_copy, transformer
 
-STUB = ast.parse((Path(__file__).resolve().parents[1] / "impl" / "contract.pyi").read_text())
+STUB = ast.parse((Path(__file__).resolve().parents[2] / "impl" / "contract.pyi").read_text())
 
 
 def _stub_functions(body) -> dict[str, ast.FunctionDef]:

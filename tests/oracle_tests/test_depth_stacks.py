@@ -1,4 +1,4 @@
-"""oracle.depth_stacks against the same blocks written independently with float64 torch ops."""
+"""oracle.adapters.depth_stacks against the same blocks written independently in float64 torch."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from oracle.depth_stacks import (
+from oracle.adapters.depth_stacks import (
     BLOCK_PARAMS,
     post_norm_block,
     pre_norm_block,

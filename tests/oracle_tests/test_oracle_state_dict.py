@@ -18,7 +18,7 @@ from test_oracle_cases import (
 
 import oracle
 from impl import transformer as impl
-from oracle.state_dict import contract_keys, torch_name
+from oracle.readers.state_dict import contract_keys, torch_name
 
 
 def _torch_stack_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -9,7 +9,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import oracle  # noqa: E402
-from oracle.marian import marian_positional_table  # noqa: E402
+from oracle.readers.marian import marian_positional_table  # noqa: E402
 
 # Both sides run float64 with the same operations in another order; logits are O(1)-O(10), so
 # 1e-12 leaves room for some hundred ulps of rounding and no room for a wrong operation.

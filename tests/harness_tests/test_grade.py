@@ -11,7 +11,7 @@ from harness.isolation.static_check import problems as forbidden_imports
 from harness.jobs import grade
 from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

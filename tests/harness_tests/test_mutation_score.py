@@ -11,7 +11,7 @@ from harness.jobs import mutation_score as ms
 from harness.outcomes import Outcome
 from mutants import catalog
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.fixture(scope="module")
