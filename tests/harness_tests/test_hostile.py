@@ -19,7 +19,9 @@ import re
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,7 +40,7 @@ HOSTILE = Path(__file__).parent / "hostile"
 # and causality (the blind decoder's law). 5 s per test bounds a hang; each takes under 1 s.
 TESTS = "test_hand_example_noam,test_golden_torch,test_decoder_is_causal"
 TIME_LIMIT = "5"
-MARKERS = (b"4242.5", b"xfmr-stage-")  # hostile_detached's sleep; a sandbox's staged input
+SLEEPER = b"4242.5"  # hostile_detached's grandchild: `sleep 4242.5`
 
 
 def overlay(name: str, folder: Path, **fill: str) -> Path:
@@ -83,8 +85,21 @@ def snapshot() -> dict[str, str]:
     }
 
 
-def leftovers() -> list[str]:
-    """Processes of the batch still alive: a sandbox, or a hostile child."""
+@contextmanager
+def own_stages(folder: Path):
+    """Stage this run's sandbox inputs under `folder`, so that its sandboxes (whose command
+    lines name their stage) can be told from any other run's on the machine."""
+    old = tempfile.tempdir
+    tempfile.tempdir = str(folder)
+    try:
+        yield str(folder).encode()
+    finally:
+        tempfile.tempdir = old
+
+
+def leftovers(marker: bytes) -> list[str]:
+    """Processes of this run still alive: a sandbox (its command line names the run's stage
+    folder), or hostile_detached's grandchild."""
     found = []
     for pid in os.listdir("/proc"):
         if pid.isdigit() and int(pid) != os.getpid():
@@ -93,7 +108,7 @@ def leftovers() -> list[str]:
                 state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
             except OSError:
                 continue
-            if state != "Z" and (any(m in cmd for m in MARKERS) or cmd.startswith(b"bwrap")):
+            if state != "Z" and (marker in cmd or SLEEPER in cmd):
                 found.append(cmd.replace(b"\0", b" ").decode(errors="replace")[:200])
     return found
 
@@ -139,10 +154,11 @@ def batch(tmp_path_factory):
     (folder / "victim.py").write_text((ROOT / "impl" / "torch_copy.py").read_text())
     before = snapshot()
     start = time.monotonic()
-    status = main(
-        ["grade-batch", str(folder), "--out", str(out), "--tests", TESTS]
-        + ["--time-limit", TIME_LIMIT, "--jobs", "2"]
-    )
+    with own_stages(tmp_path_factory.mktemp("stages")) as marker:
+        status = main(
+            ["grade-batch", str(folder), "--out", str(out), "--tests", TESTS]
+            + ["--time-limit", TIME_LIMIT, "--jobs", "2"]
+        )
     wall = time.monotonic() - start
     names = sorted(p.stem for p in folder.glob("*.py"))
     results = {n: json.loads((out / f"{n}.gradescope.json").read_text()) for n in names}
@@ -156,7 +172,7 @@ def batch(tmp_path_factory):
         "wall": wall,
         "before": before,
         "changed": {k: v for k, v in snapshot().items() if v != before[k]},
-        "leftovers": leftovers(),
+        "leftovers": leftovers(marker),
     }
 
 
@@ -379,11 +395,13 @@ def test_a_suite_cannot_recognise_subjects_by_order_or_text(tmp_path):
     hashes = ",".join(normalized_hash(m) for m in ("impl.transformer", "impl.torch_copy"))
     text = (HOSTILE / "suites/recognise/test_recognise.py").read_text()
     (suite / "test_recognise.py").write_text(text.replace("__HASHES__", hashes))
-    score = mutation_score(suite, jobs=2)
+    (tmp_path / "stages").mkdir()
+    with own_stages(tmp_path / "stages") as marker:
+        score = mutation_score(suite, jobs=2)
     assert score.killed == [] and not score.passed
     # the slot test passes everywhere; the recognising test fails on the correct subjects
     assert "test_recognise.py::test_is_a_correct_subject" in score.false_alarms
-    assert leftovers() == []
+    assert leftovers(marker) == []
 
 
 def test_a_suite_that_forges_events_is_its_own_error(tmp_path):
