@@ -1,7 +1,9 @@
 """`xfmr grade` and `xfmr grade-batch`: the shared tests on untrusted submissions, with points.
 
-A submission runs only in caged workers (harness.sandbox): a crash, a hang, an exit with status 0
-or a memory bomb is that test's failure with its reason, and grading goes on. Every verdict is
+A submission runs only in workers that are each a bubblewrap sandbox of their own
+(harness.isolation.sandbox): a crash, a hang, an exit with status 0 or a memory bomb is that
+test's failure with its reason, and grading goes on in a fresh sandbox. If no sandbox can be set
+up, grading refuses (exit 2) unless told --unsafe-no-sandbox. Every verdict is
 reached here, in the parent, against the oracle; reports are written here too, after every
 worker and whatever it started is gone, so nothing the submission wrote can stand in for them.
 """
