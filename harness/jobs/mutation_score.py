@@ -133,7 +133,8 @@ def run_on(
                 reply = worker.stream(request, events.due, events.on_event)
                 code = reply.get("exit") if isinstance(reply, dict) else None
                 if code not in (0, 1) and not out.cells:  # 1: some tests failed
-                    out.error = f"pytest exited with status {code} and ran no test"
+                    said = printable(worker.output_tail(3000))
+                    out.error = f"pytest exited with status {code} and ran no test:\n{said}"
                 break
             except WorkerTimeout:
                 if events.current is None:
@@ -228,7 +229,8 @@ def mutation_score(
     subs = subjects()
     secret = random.Random(secrets.randbits(64))  # this run's order and rewrites, never shown
     sources = {s.name: subject_source(s, secret) for s in subs}
-    order = secret.sample(subs, len(subs))
+    correct = [s for s in subs if s.is_correct]
+    mutants = [s for s in subs if not s.is_correct]
     lock = threading.Lock()
 
     def one(s: Subject) -> SubjectRun:
@@ -238,9 +240,20 @@ def mutation_score(
                 progress(s.name, r)
         return r
 
+    runs: dict[str, SubjectRun] = {}
     with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        runs = dict(zip([s.name for s in order], pool.map(one, order), strict=True))
+        # the correct subjects first: a suite that does not even collect on impl is broken, and
+        # running it on the mutants would only repeat pytest's own error eleven times
+        for wave in (secret.sample(correct, len(correct)), secret.sample(mutants, len(mutants))):
+            runs.update(zip([s.name for s in wave], pool.map(one, wave), strict=True))
+            impl = runs["impl"]
+            if not impl.collected or (impl.error and not impl.cells):
+                raise SuiteBroken(impl.error or "pytest collected no test on impl")
     return _score(subs, runs, module_name, time_limit, time.monotonic() - started)
+
+
+class SuiteBroken(Exception):
+    """The suite does not collect (or collects nothing) on impl: nothing to score."""
 
 
 def _never(call: Any) -> None:
@@ -435,6 +448,8 @@ def run_mutation_score(args: argparse.Namespace) -> int:
         )
     except (FileNotFoundError, UnsafeInput) as e:
         return usage_error("mutation-score", str(e))
+    except SuiteBroken as e:
+        return usage_error("mutation-score", f"the suite is broken, no mutant was run: {e}")
     print(text(s, args.tests))
     if args.json:
         write_report(args.json, to_json(s))

@@ -90,3 +90,21 @@ def test_a_suite_failing_everything_on_impl_is_invalid():
     runs = {s.name: run({"t": Outcome.KILLED}) for s in ms.subjects()}
     s = ms._score(ms.subjects(), runs, ms.MODULE, 1.0, 0.0)
     assert s.invalid and s.score == 0 and not s.passed
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("import tinyllm.xfmr.transformer\n\ndef test_x(:\n    pass\n", "SyntaxError"),
+        ("", "pytest exited with status 5"),  # nothing to collect
+    ],
+)
+def test_a_broken_suite_stops_after_the_correct_subjects_with_pytests_message(
+    tmp_path, capsys, text, words
+):
+    (tmp_path / "test_broken.py").write_text(text)
+    status = main(["mutation-score", str(tmp_path), "--json", str(tmp_path / "s.json")])
+    err = capsys.readouterr().err
+    assert status == 2 and "no mutant was run" in err and words in err, err
+    assert not (tmp_path / "s.json").exists()
+    assert "s01" not in err  # no mutant's run reported

@@ -104,10 +104,14 @@ def student_suite(module, tests_dir, module_name, skip) -> dict[str, Any]:
         "-q",
         "-p",
         "no:cacheprovider",  # nothing written next to the suite, nothing read from a past run
+        "-p",
+        "no:warnings",  # the report a broken suite gets quoted is pytest's errors, not warnings
         "-o",
         "addopts=",
         "--rootdir",
         tests_dir,
     ]
     code = pytest.main(args, plugins=[Reporter(module, set(skip))])
+    for stream in (sys.stdout, sys.stderr):  # pytest's own report, for the parent to quote
+        stream.flush()
     return {"exit": int(code)}
