@@ -55,7 +55,7 @@ from harness.outcomes import Outcome
 from harness.reports.writer import report_path_problem, write_report
 from harness.shared_tests.diagnosis import diagnose
 from harness.shared_tests.laws import SHARED_TESTS
-from harness.shared_tests.record import Test
+from harness.shared_tests.record import VISIBILITIES, Test
 from harness.subjects import Kind, Subject
 
 # What each outcome means to a student, before the engine's own message.
@@ -297,13 +297,18 @@ def _summary(g: Grade) -> str:
     return g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
 
 
-def gradescope(g: Grade) -> dict[str, Any]:
-    """Gradescope's results.json (score, execution_time, output, tests[])."""
+def gradescope(
+    g: Grade, visibility: str = "visible", stdout_visibility: str = "hidden"
+) -> dict[str, Any]:
+    """Gradescope's results.json (score, execution_time, output, visibility,
+    stdout_visibility, tests[] each with its own visibility from the test's record)."""
     return {
         "score": g.score,
         "execution_time": round(g.seconds, 2),
         "output": _summary(g) + ("" if g.isolation == SANDBOX else f"\n{g.isolation}"),
-        "visibility": "visible",
+        "output_format": "text",
+        "visibility": visibility,
+        "stdout_visibility": stdout_visibility,
         "tests": [
             {
                 "name": t.name,
@@ -311,6 +316,7 @@ def gradescope(g: Grade) -> dict[str, Any]:
                 "max_score": t.max_score,
                 "status": "passed" if t.passed else "failed",
                 "output": t.message or t.law,
+                "output_format": "text",
                 "visibility": t.visibility,
             }
             for t in g.tests
@@ -350,6 +356,16 @@ def junit(g: Grade) -> str:
 # --- xfmr grade -------------------------------------------------------------------------------
 
 
+def _add_gradescope(parser: argparse.ArgumentParser) -> None:
+    for option, default, what in (
+        ("--visibility", "visible", "the whole result"),
+        ("--stdout-visibility", "hidden", "the grader's standard output"),
+    ):
+        parser.add_argument(
+            option, choices=VISIBILITIES, default=default, help=f"Gradescope's, for {what}"
+        )
+
+
 def _add_limits(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-limit", type=positive(float), metavar="S", help="cap every test's limit (seconds)"
@@ -379,6 +395,7 @@ def configure_grade(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", metavar="FILE", help="the grade as JSON")
     parser.add_argument("--junit", metavar="FILE", help="JUnit XML for CI")
     parser.add_argument("--gradescope", metavar="FILE", help="Gradescope's results.json")
+    _add_gradescope(parser)
     _add_limits(parser)
 
 
@@ -397,7 +414,7 @@ def run_grade(args: argparse.Namespace) -> int:
     for path, content in (
         (args.json, lambda: to_json(g)),
         (args.junit, lambda: junit(g)),
-        (args.gradescope, lambda: gradescope(g)),
+        (args.gradescope, lambda: gradescope(g, args.visibility, args.stdout_visibility)),
     ):
         if path:
             write_report(path, content())
@@ -501,6 +518,7 @@ def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", help="a folder of submissions (.py files or packages)")
     parser.add_argument("--out", metavar="DIR", default="grades", help="where reports go")
     parser.add_argument("--jobs", type=positive(int), default=os.cpu_count() or 1, help="at once")
+    _add_gradescope(parser)
     _add_limits(parser)
 
 
@@ -535,7 +553,8 @@ def run_grade_batch(args: argparse.Namespace) -> int:
     write_report(out / "grades.csv", table.to_csv(index=False))
     write_report(out / "hardest_tests.csv", worst.to_csv(index=False))
     for g in grades:
-        write_report(out / f"{Path(g.submission).stem}.gradescope.json", gradescope(g))
+        report = gradescope(g, args.visibility, args.stdout_visibility)
+        write_report(out / f"{Path(g.submission).stem}.gradescope.json", report)
     print(table[["submission", "score", "max_score", "passed"]].to_string(index=False))
     print("\nTests students fail most (of the submissions that ran):")
     print(worst.to_string(index=False))

@@ -250,3 +250,13 @@ def test_python_dash_m_harness_is_the_xfmr_command():
         [sys.executable, "-m", "harness", "--version"], capture_output=True, text=True, cwd=ROOT
     )
     assert done.returncode == 0 and done.stdout.startswith("xfmr ")
+
+
+def test_gradescope_visibility_is_the_staffs_choice(tmp_path):
+    # --visibility and --stdout-visibility for the whole result, each test's own from its record
+    g = grade.grade(tmp_path / "missing.py", [BY_NAME["test_hand_example_noam"]])
+    data = grade.gradescope(g, "after_due_date", "visible")
+    assert (data["visibility"], data["stdout_visibility"]) == ("after_due_date", "visible")
+    noam = BY_NAME["test_hand_example_noam"]
+    assert [t["visibility"] for t in data["tests"]] == [noam.visibility]
+    assert "does not exist" in data["output"] and data["output_format"] == "text"
