@@ -73,6 +73,17 @@ class Mutant:
             spans.append((end, end))
         return spans
 
+    def span(self, source: str) -> tuple[tuple[int, int], tuple[int, int], str]:
+        """One region of the original source covering every patch (and an append), as
+        ((line, col), (line, col)) from 1, end exclusive, and what the mutant puts there: a
+        report that shows one location per mutant still shows all of its change."""
+        edits = [(source.index(p.old), source.index(p.old) + len(p.old)) for p in self.patches]
+        start = min((a for a, _ in edits), default=len(source))
+        end = len(source) if self.append else max((b for _, b in edits), default=len(source))
+        mutated = self.apply(source)
+        replacement = mutated[start : len(mutated) - (len(source) - end)]
+        return _line_col(source, start), _line_col(source, end), replacement
+
 
 def _line_col(text: str, offset: int) -> tuple[int, int]:
     line = text.count("\n", 0, offset) + 1

@@ -1,7 +1,33 @@
-"""Suite-wide settings."""
+"""Suite-wide settings and fixtures."""
 
+import json
+import os
+from pathlib import Path
+
+import pytest
 import torch
 
 # Every model in the suite is tiny: a second intra-op thread only spin-waits on such matrices,
 # and on a loaded 2-core machine it made whole test files 4-10x slower (measured).
 torch.set_num_threads(1)
+
+
+# Stryker's official report schema, as published on npm (mutation-testing-report-schema); .ci/run
+# fetches it with `npm pack` into .schemas/ (ignored by git). Tests validate every Stryker report
+# against it with jsonschema; CI must never skip them.
+STRYKER_SCHEMA = (
+    Path(__file__).resolve().parents[1] / ".schemas" / "mutation-testing-report-schema.json"
+)
+
+
+@pytest.fixture(scope="session")
+def stryker_schema():
+    """A jsonschema validator of the official schema (skipped, outside CI, where not fetched)."""
+    jsonschema = pytest.importorskip("jsonschema")
+    if not STRYKER_SCHEMA.exists():
+        fetch = "npm pack mutation-testing-report-schema@3.8.4 (see .ci/run)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{STRYKER_SCHEMA} is missing: CI must fetch it ({fetch})")
+        pytest.skip(f"the official Stryker schema is not fetched here: {fetch}")
+    schema = json.loads(STRYKER_SCHEMA.read_text())
+    return jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker())

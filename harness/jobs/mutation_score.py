@@ -404,7 +404,8 @@ def stryker(s: Score, tests_dir: str) -> dict[str, Any]:
     files: dict[str, list[dict[str, str]]] = {}
     for t in s.tests:
         files.setdefault(t.split("::")[0], []).append({"id": t, "name": t})
-    data["testFiles"] = {f"{tests_dir.rstrip('/')}/{f}": {"tests": ts} for f, ts in files.items()}
+    folder = Path(tests_dir).name  # relative paths only: the suite's own folder name
+    data["testFiles"] = {f"{folder}/{f}": {"tests": ts} for f, ts in files.items()}
     data["framework"] = {"name": "xfmr mutation-score (pytest)"}
     return data
 

@@ -208,18 +208,20 @@ Hover a cell for its message, a test for its law.</p>
 
 def stryker(run: SuiteRun, summary: Summary) -> dict[str, Any]:
     """The mutation-testing-report-schema (version 2) JSON that Stryker's viewers render: impl's
-    source, each mutant with its location, replacement, status, killedBy and coveredBy."""
+    source and each pitfall mutant with the region its patches change, the replacement, status,
+    reason and killers. The sanity mutant is left out (it checks the tests, not a pitfall), and
+    coveredBy with it: coverage is not measured, so no test is shown as covering."""
     path, source = module_source("impl.transformer")
-    rel = "impl/transformer.py"
+    root = str(Path(path).parents[1]) + "/"
     tests = [t.name for t in run.tests]
     mutants = []
     for s in run.subjects:
-        if s.mutant is None:
+        if s.mutant is None or s.kind is Kind.SANITY:
             continue
         m = catalog.get(s.mutant)
-        (start, end), *_ = m.locations(source)
-        applicable = [t for t in tests if run.cell(t, s.name).outcome is not Outcome.NOT_APPLICABLE]
-        first_reason = next(
+        start, end, replacement = m.span(source)
+        ran = [t for t in tests if run.cell(t, s.name).outcome is not Outcome.NOT_APPLICABLE]
+        reason = next(
             (run.cell(t, s.name).message for t in tests if run.cell(t, s.name).message), ""
         )
         mutants.append(
@@ -231,19 +233,19 @@ def stryker(run: SuiteRun, summary: Summary) -> dict[str, Any]:
                     "start": {"line": start[0], "column": start[1]},
                     "end": {"line": end[0], "column": end[1]},
                 },
-                "replacement": m.patches[0].new if m.patches else m.append.strip(),
+                "replacement": replacement,
                 "status": STRYKER_STATUS[summary.status[s.name]],
-                "statusReason": first_reason[:2000],
+                "statusReason": reason.replace(root, "")[:2000],  # paths relative to the project
                 "killedBy": sorted(summary.kill_sets[s.name]),
-                "coveredBy": applicable,
-                "testsCompleted": len(applicable),
+                "testsCompleted": len(ran),
             }
         )
     return {
         "schemaVersion": "2",
         "thresholds": {"high": 80, "low": 60},
-        "projectRoot": str(Path(path).parents[1]),
-        "files": {rel: {"language": "python", "source": source, "mutants": mutants}},
+        "files": {
+            "impl/transformer.py": {"language": "python", "source": source, "mutants": mutants}
+        },
         "testFiles": {
             "harness/shared_tests/laws.py": {
                 "tests": [{"id": t.name, "name": f"{t.name}: {t.law}"} for t in run.tests]

@@ -50,15 +50,20 @@ def test_every_test_of_the_suite_is_reported_with_its_timing(strong):
     assert len(data["tests"]) >= 25 and data["timing"]["wall_s"] > 0
 
 
-def test_stryker_report_names_the_students_tests(strong):
+def test_stryker_report_names_the_students_tests(strong, stryker_schema):
     _, data, out = strong
     report = json.loads((out / "stryker.json").read_text())
-    assert report["schemaVersion"] == "2"
+    errors = sorted(stryker_schema.iter_errors(report), key=str)
+    assert not errors, [f"{list(e.path)}: {e.message}" for e in errors]
     (source,) = report["files"].values()
     assert {m["id"] for m in source["mutants"]} == set(catalog.PITFALLS)
     assert all(m["status"] == "Killed" for m in source["mutants"])
-    (tests,) = report["testFiles"].values()
+    [(path, tests)] = report["testFiles"].items()
     assert {t["id"] for t in tests["tests"]} == set(data["tests"])
+    assert path == "student_tests_strong/test_transformer.py"  # relative, as the viewer shows it
+    # a test is listed as killing a mutant only where it does
+    killing = {t for m in source["mutants"] for t in m["killedBy"]}
+    assert killing <= set(data["tests"]) and all("coveredBy" not in m for m in source["mutants"])
 
 
 def test_weak_suite_fails(tmp_path):
