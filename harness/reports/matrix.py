@@ -76,17 +76,31 @@ def text(run: SuiteRun, summary: Summary) -> str:
         "subsumed (a < b: every test that kills a kills b): "
         + (", ".join(f"{a} < {b}" for a, b in summary.subsumed) or "none"),
     ]
-    for m in pitfalls:
-        if not summary.status[m].detected:
-            lines.append(f"SURVIVED: {m} is killed by no test")
-    for mutant, test in summary.missed_expected:
-        lines.append(f"MISSED: the seed says {test} kills {mutant}; it does not")
-    for subject, test in summary.sanity_survivors:
-        lines.append(f"SANITY: {test} does not fail on {subject}: it cannot fail at all")
-    for test, subject, outcome, message in summary.false_alarms:
-        lines.append(f"FALSE ALARM: {test} on correct subject {subject}: {outcome.value}")
-        lines += [f"    {line}" for line in message.splitlines()[:6]]
+    for finding, detail in findings(run, summary):
+        lines.append(finding)
+        lines += [f"    {line}" for line in detail.splitlines()[:6]]
     return "\n".join(lines)
+
+
+def findings(run: SuiteRun, summary: Summary) -> list[tuple[str, str]]:
+    """What needs a look, each as (one line, its detail): survivors, killers the seed designates
+    that do not kill, tests the sanity mutant survives, false alarms. Every format shows them."""
+    pitfalls = [s.name for s in run.subjects if s.kind is Kind.MUTANT]
+    found = [(f"SURVIVED: {m} is killed by no test", "") for m in pitfalls]
+    found = [f for f, m in zip(found, pitfalls, strict=True) if not summary.status[m].detected]
+    found += [
+        (f"MISSED: the seed says {test} kills {mutant}; it does not", "")
+        for mutant, test in summary.missed_expected
+    ]
+    found += [
+        (f"SANITY: {test} does not fail on {subject}: it cannot fail at all", "")
+        for subject, test in summary.sanity_survivors
+    ]
+    found += [
+        (f"FALSE ALARM: {test} on correct subject {subject}: {outcome.value}", message)
+        for test, subject, outcome, message in summary.false_alarms
+    ]
+    return found
 
 
 def timing(run: SuiteRun) -> str:
@@ -150,7 +164,9 @@ def markdown(run: SuiteRun, summary: Summary) -> str:
         kills = summary.kills_per_test[t.name]
         lines.append(f"| {t.name} | " + " | ".join(cells) + f" | {kills} |")
     lines += ["", f"Mutation score: {summary.score:.2f}.", ""]
-    return "\n".join(lines)
+    listed = findings(run, summary)
+    lines += [f"- {finding}" for finding, _ in listed] or ["No findings."]
+    return "\n".join(lines) + "\n"
 
 
 _COLORS = {
@@ -184,8 +200,8 @@ def html_page(run: SuiteRun, summary: Summary) -> str:
         f'<span style="background:{_COLORS[o]};padding:2px 6px">{o.value}</span>' for o in Outcome
     )
     alarms = "".join(
-        f"<li>FALSE ALARM: {esc(t)} on {esc(s)}: {esc(o.value)}</li>"
-        for t, s, o, _ in summary.false_alarms
+        f'<li title="{esc(detail, quote=True)}">{esc(finding)}</li>'
+        for finding, detail in findings(run, summary)
     )
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>xfmr kill-rate matrix</title>

@@ -123,3 +123,14 @@ def test_the_whole_matrix_equals_the_committed_expectation(full_run):
     for mutant in catalog.PITFALLS:
         assert set(catalog.get(mutant).killers) <= summary.kill_sets[mutant], mutant
     assert summary.healthy and summary.score == 1.0
+
+
+def test_every_format_lists_the_findings():
+    # a run where s08 survives: the text, Markdown and HTML reports all say so
+    subjects = [s for s in matrix_subjects() if s.name in ("impl", "s08")]
+    run = run_suite([BY_NAME["test_hand_example_label_smoothing"]], subjects)
+    summary = summarize(run)
+    finding = "SURVIVED: s08 is killed by no test"
+    assert finding in reports.text(run, summary)
+    assert f"- {finding}" in reports.markdown(run, summary)
+    assert f">{finding}</li>" in reports.html_page(run, summary)
