@@ -15,9 +15,8 @@ torch.set_num_threads(1)
 # Stryker's official report schema, as published on npm (mutation-testing-report-schema); .ci/run
 # fetches it with `npm pack` into .schemas/ (ignored by git). Tests validate every Stryker report
 # against it with jsonschema; CI must never skip them.
-STRYKER_SCHEMA = (
-    Path(__file__).resolve().parents[1] / ".schemas" / "mutation-testing-report-schema.json"
-)
+SCHEMAS = Path(__file__).resolve().parents[1] / ".schemas"
+STRYKER_SCHEMA = SCHEMAS / "mutation-testing-report-schema.json"
 
 
 @pytest.fixture(scope="session")
@@ -31,3 +30,17 @@ def stryker_schema():
         pytest.skip(f"the official Stryker schema is not fetched here: {fetch}")
     schema = json.loads(STRYKER_SCHEMA.read_text())
     return jsonschema.Draft7Validator(schema, format_checker=jsonschema.FormatChecker())
+
+
+@pytest.fixture(scope="session")
+def junit_schema():
+    """Jenkins' JUnit schema (junit-10.xsd, from pytest's source distribution), as an xmlschema
+    validator (skipped, outside CI, where not fetched)."""
+    xmlschema = pytest.importorskip("xmlschema")
+    path = SCHEMAS / "junit-10.xsd"
+    if not path.exists():
+        fetch = "pip download --no-binary :all: pytest==9.2.0 (see .ci/run)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{path} is missing: CI must fetch it ({fetch})")
+        pytest.skip(f"Jenkins' JUnit schema is not fetched here: {fetch}")
+    return xmlschema.XMLSchema(str(path))

@@ -53,8 +53,9 @@ def test_gradescope_results_follow_the_format(torch_copy_graded):
     assert data["score"] == sum(t["max_score"] for t in data["tests"])
 
 
-def test_junit_lists_every_test(torch_copy_graded):
+def test_junit_lists_every_test(torch_copy_graded, junit_schema):
     _, out = torch_copy_graded
+    junit_schema.validate(str(out / "junit.xml"))  # Jenkins' junit-10.xsd
     suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
     assert suite.get("tests") == str(len(SHARED_TESTS))
     assert suite.get("failures") == "0" and suite.get("errors") == "0"
@@ -206,13 +207,15 @@ def test_a_changed_default_is_caught_by_the_defaults_law(tmp_path, old, new, wor
 NOISY = "".join(chr(c) for c in range(32) if chr(c) not in "\t\n") + "\x7f\x1b[31mred\x1b[0m"
 
 
-def test_student_text_with_control_characters_keeps_the_junit_file_valid(tmp_path):
+def test_student_text_with_control_characters_keeps_the_junit_file_valid(tmp_path, junit_schema):
     submission = tmp_path / "noisy.py"
     raising = f"def noam_rate(step, d_model, warmup, factor=1.0):\n    raise ValueError({NOISY!r})"
     submission.write_text((ROOT / "impl" / "torch_copy.py").read_text() + "\n\n" + raising)
     tests = [BY_NAME["test_hand_example_noam"], BY_NAME["test_defaults_are_the_contracts"]]
     g = grade.grade(submission, tests)
-    suite = ET.fromstring(grade.junit(g).split("\n", 1)[1]).find("testsuite")  # a real parser
+    xml = grade.junit(g)
+    junit_schema.validate(xml.split("\n", 1)[1])  # Jenkins' junit-10.xsd, xmlschema's parser
+    suite = ET.fromstring(xml.split("\n", 1)[1]).find("testsuite")
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("2", "1", "0")
     message = suite.find("testcase/failure").get("message")
     assert "red" in message and "\\x07" in message and "\x1b" not in message
