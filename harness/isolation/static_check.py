@@ -22,14 +22,14 @@ _AST_LOCK = threading.Lock()
 
 
 def problems(source: str, filename: str = "<submission>") -> list[str]:
-    """Why `source` is rejected: ["line 3: does not parse (invalid syntax)"] or ["line 3:
+    """Why `source` is rejected: ["line 3, column 9: does not parse (invalid syntax)"] or ["line 3:
     imports impl.transformer"] (import statements, and __import__ / importlib.import_module
     called with a literal name); [] if it is accepted."""
     try:
         with _AST_LOCK:
             tree = ast.parse(source, filename)
     except SyntaxError as e:
-        return [f"line {e.lineno}: does not parse ({e.msg})"]
+        return [f"line {e.lineno}, column {e.offset}: does not parse ({e.msg})"]
     except (ValueError, RecursionError, MemoryError) as e:  # null bytes, too deep a nesting
         return [f"does not parse ({type(e).__name__}: {str(e)[:100] or 'too deeply nested'})"]
     found = []

@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 import xml.etree.ElementTree as ET
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -52,7 +52,7 @@ from harness.options import (
     usage_error,
 )
 from harness.outcomes import Outcome
-from harness.reports.writer import report_path_problem, write_report
+from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.diagnosis import diagnose
 from harness.shared_tests.laws import SHARED_TESTS
 from harness.shared_tests.record import VISIBILITIES, Test
@@ -111,6 +111,17 @@ class Grade:
         return not self.rejected and all(t.passed for t in self.tests)
 
 
+def submitted(path: Path) -> Path:
+    """What to grade in `path`: the file or package itself, or, in a folder without
+    __init__.py (Gradescope's /autograder/submission), its transformer.py or its one module."""
+    if not path.is_dir() or path.is_symlink() or (path / "__init__.py").is_file():
+        return path
+    if (path / "transformer.py").is_file():
+        return path / "transformer.py"
+    modules = sorted(p for p in path.glob("*.py") if p.is_file())
+    return modules[0] if len(modules) == 1 else path
+
+
 def rejection(path: Path) -> str:
     """Why `path` cannot be graded at all, in the student's terms; "" if it can be run."""
     if not path.exists() and not path.is_symlink():
@@ -119,9 +130,11 @@ def rejection(path: Path) -> str:
         return f"{path} is a symbolic link, not a submission"
     if path.is_dir():
         if not (path / "__init__.py").is_file():
+            found = sorted(p.name for p in path.iterdir())[:8]
             return (
-                f"{path} is a folder without __init__.py: a package submission needs one "
-                "(or submit the single file transformer.py)"
+                f"{path} is a folder without __init__.py and holds neither transformer.py nor "
+                f"exactly one .py file (it holds {found}): submit transformer.py, or a package "
+                "with __init__.py"
             )
     elif path.suffix != ".py":
         return f"{path} is not a .py file"
@@ -155,6 +168,7 @@ def grade(
         tests = [replace(t, timeout=min(t.timeout, time_limit)) for t in tests]
     load_timeout = time_limit if time_limit is not None else LOAD_TIMEOUT
     mode = UNSAFE if unsafe else SANDBOX
+    shown, path = path, submitted(path)
     rejected = rejection(path)
 
     def failing(reason: str, outcome: Outcome = Outcome.KILLED) -> list[TestResult]:
@@ -164,7 +178,7 @@ def grade(
         ]
 
     if rejected:
-        return Grade(str(path), failing(rejected), rejected, {}, time.monotonic() - start, mode)
+        return Grade(str(shown), failing(rejected), rejected, {}, time.monotonic() - start, mode)
     name = "submission" if path.is_dir() else "submission.py"
     try:
         with staged({name: path}) as stage:
@@ -184,11 +198,11 @@ def grade(
             found = _diagnose(launch(subject)) if failed else {}
     except UnsafeInput as e:
         reason = f"rejected: {e}"
-        return Grade(str(path), failing(reason), reason, {}, time.monotonic() - start, mode)
+        return Grade(str(shown), failing(reason), reason, {}, time.monotonic() - start, mode)
     except Exception as e:  # the grader's own failure on this submission: said, never raised
         reason = f"grader error while grading this submission: {type(e).__name__}: {e}"
         return Grade(
-            str(path),
+            str(shown),
             failing(reason, Outcome.ERROR),
             "",
             {},
@@ -198,7 +212,7 @@ def grade(
         )
     results = [_result(t, cells[t.name], found) for t in tests]
     seconds = time.monotonic() - start
-    return Grade(str(path), results, "", found, seconds, mode, start_seconds=starts)
+    return Grade(str(shown), results, "", found, seconds, mode, start_seconds=starts)
 
 
 def _diagnose(launch: Launch) -> dict[str, str]:
@@ -411,25 +425,30 @@ def run_grade(args: argparse.Namespace) -> int:
     print(text(g))
     if g.error:
         print(f"xfmr grade: grader error (exit 3):\n{g.error}", file=sys.stderr)
-    for path, content in (
-        (args.json, lambda: to_json(g)),
-        (args.junit, lambda: junit(g)),
-        (args.gradescope, lambda: gradescope(g, args.visibility, args.stdout_visibility)),
-    ):
-        if path:
-            write_report(path, content())
-    return 3 if g.error else 0 if g.passed else 1
+    written = write_all(
+        "grade",
+        [
+            (args.json, lambda: to_json(g)),
+            (args.junit, lambda: junit(g)),
+            (args.gradescope, lambda: gradescope(g, args.visibility, args.stdout_visibility)),
+        ],
+    )
+    if g.error:
+        return 3
+    return 2 if not written else 0 if g.passed else 1
 
 
 # --- xfmr grade-batch -------------------------------------------------------------------------
 
 
 def submissions(folder: Path) -> list[Path]:
-    """The .py files and package directories directly in `folder`, by name."""
+    """The .py files and folders directly in `folder`, by name (a folder is a package, or a
+    student's folder holding transformer.py: grade() tells, and rejects one that is neither)."""
     found = [
         p
         for p in folder.iterdir()
-        if (p.suffix == ".py" and p.is_file()) or (p.is_dir() and (p / "__init__.py").exists())
+        if not p.name.startswith((".", "__"))
+        and ((p.suffix == ".py" and p.is_file()) or p.is_dir())
     ]
     return sorted(found, key=lambda p: p.name)
 
@@ -550,11 +569,18 @@ def run_grade_batch(args: argparse.Namespace) -> int:
     )
     # every worker is gone: only now does anything get written
     table, worst = batch_table(grades), hardest(grades)
-    write_report(out / "grades.csv", table.to_csv(index=False))
-    write_report(out / "hardest_tests.csv", worst.to_csv(index=False))
-    for g in grades:
-        report = gradescope(g, args.visibility, args.stdout_visibility)
-        write_report(out / f"{Path(g.submission).stem}.gradescope.json", report)
+
+    def scope(g: Grade) -> Callable[[], dict[str, Any]]:
+        return lambda: gradescope(g, args.visibility, args.stdout_visibility)
+
+    written = write_all(
+        "grade-batch",
+        [
+            (out / "grades.csv", lambda: table.to_csv(index=False)),
+            (out / "hardest_tests.csv", lambda: worst.to_csv(index=False)),
+            *[(out / f"{Path(g.submission).stem}.gradescope.json", scope(g)) for g in grades],
+        ],
+    )
     print(table[["submission", "score", "max_score", "passed"]].to_string(index=False))
     print("\nTests students fail most (of the submissions that ran):")
     print(worst.to_string(index=False))
@@ -565,4 +591,6 @@ def run_grade_batch(args: argparse.Namespace) -> int:
     print(f"\nwrote {out}/grades.csv, {out}/hardest_tests.csv and one Gradescope JSON each")
     if any(g.error for g in grades):
         return 3
+    if not written:
+        return 2
     return 0 if all(g.passed for g in grades) else 1

@@ -16,7 +16,7 @@ from typing import Any
 from harness.analysis import summarize
 from harness.engine import SuiteRun, print_progress, run_suite
 from harness.reports import matrix as reports
-from harness.reports.writer import write_report
+from harness.reports.writer import write_all
 from harness.shared_tests.inputs import DATA
 from harness.shared_tests.laws import SHARED_TESTS
 from harness.subjects import Kind, Subject, module_source
@@ -115,15 +115,16 @@ def run_matrix(args: argparse.Namespace) -> int:
     print(reports.text(run, summary))
     print()
     print(reports.timing(run))
-    for path, content in (
-        (args.csv, lambda: reports.frame(run).to_csv(index=False)),
-        (args.json, lambda: reports.to_json(run, summary)),
-        (args.markdown, lambda: reports.markdown(run, summary)),
-        (args.html, lambda: reports.html_page(run, summary)),
-        (args.stryker, lambda: reports.stryker(run, summary)),
-    ):
-        if path:
-            write_report(path, content())
+    written = write_all(
+        "matrix",
+        [
+            (args.csv, lambda: reports.frame(run).to_csv(index=False)),
+            (args.json, lambda: reports.to_json(run, summary)),
+            (args.markdown, lambda: reports.markdown(run, summary)),
+            (args.html, lambda: reports.html_page(run, summary)),
+            (args.stryker, lambda: reports.stryker(run, summary)),
+        ],
+    )
     status = 0 if summary.healthy else 1
     if args.update_expected:
         data = {"tests": [t.name for t in tests], "outcomes": outcomes(run)}
@@ -135,4 +136,4 @@ def run_matrix(args: argparse.Namespace) -> int:
             print(f"CHANGED: {change}")
         print(f"check against {EXPECTED.name}: {len(changes)} changed cells")
         status = status or int(bool(changes))
-    return status
+    return status if written else 2

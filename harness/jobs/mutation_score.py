@@ -44,7 +44,7 @@ from harness.options import (
 )
 from harness.outcomes import Outcome, mutant_outcome
 from harness.reports import matrix as reports
-from harness.reports.writer import report_path_problem, write_report
+from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.record import Test
 from harness.subjects import Kind, Subject
 from mutants import catalog
@@ -452,8 +452,8 @@ def run_mutation_score(args: argparse.Namespace) -> int:
     except SuiteBroken as e:
         return usage_error("mutation-score", f"the suite is broken, no mutant was run: {e}")
     print(text(s, args.tests))
-    if args.json:
-        write_report(args.json, to_json(s))
-    if args.stryker:
-        write_report(args.stryker, stryker(s, args.tests))
-    return 0 if s.passed else 1
+    written = write_all(
+        "mutation-score",
+        [(args.json, lambda: to_json(s)), (args.stryker, lambda: stryker(s, args.tests))],
+    )
+    return 2 if not written else 0 if s.passed else 1

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -42,3 +44,21 @@ def report_path_problem(path: str | Path) -> str:
     if not os.access(path.parent, os.W_OK | os.X_OK):
         return f"the folder {path.parent} is not writable"
     return ""
+
+
+def write_all(
+    command: str, reports: Iterable[tuple[str | Path | None, Callable[[], str | dict[str, Any]]]]
+) -> bool:
+    """Write every report whose path is given, each on its own: one that fails (a full disk, a
+    folder removed meanwhile) is said on stderr and the others are still written. True if all
+    were written."""
+    ok = True
+    for path, content in reports:
+        if not path:
+            continue
+        try:
+            write_report(path, content())
+        except OSError as e:
+            print(f"xfmr {command}: could not write {path}: {e.strerror or e}", file=sys.stderr)
+            ok = False
+    return ok

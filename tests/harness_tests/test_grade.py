@@ -263,3 +263,23 @@ def test_gradescope_visibility_is_the_staffs_choice(tmp_path):
     noam = BY_NAME["test_hand_example_noam"]
     assert [t["visibility"] for t in data["tests"]] == [noam.visibility]
     assert "does not exist" in data["output"] and data["output_format"] == "text"
+
+
+def test_gradescopes_submission_folder_is_graded_as_its_transformer_py(tmp_path):
+    # /autograder/submission holds the student's files without __init__.py
+    folder = tmp_path / "submission"
+    folder.mkdir()
+    (folder / "transformer.py").write_text((ROOT / "impl" / "torch_copy.py").read_text())
+    (folder / "notes.txt").write_text("my notes")
+    g = grade.grade(folder, [BY_NAME["test_hand_example_noam"]])
+    assert g.passed and g.submission == str(folder)
+
+
+def test_a_report_that_cannot_be_written_does_not_cost_the_others(tmp_path, capsys):
+    from harness.reports.writer import write_all
+
+    gone = tmp_path / "gone" / "a.json"  # its folder vanished after the up-front check
+    kept = tmp_path / "b.json"
+    assert not write_all("grade", [(gone, lambda: {"a": 1}), (kept, lambda: {"b": 2})])
+    assert json.loads(kept.read_text()) == {"b": 2}
+    assert f"could not write {gone}" in capsys.readouterr().err
