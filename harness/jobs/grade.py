@@ -171,14 +171,16 @@ def grade(
     shown, path = path, submitted(path)
     rejected = rejection(path)
 
-    def failing(reason: str, outcome: Outcome = Outcome.KILLED) -> list[TestResult]:
+    def failing(reason: str) -> list[TestResult]:  # nothing judged: an error of every test
+        error = Outcome.ERROR.value
         return [
-            TestResult(t.name, t.law, outcome.value, 0.0, t.points, reason, 0.0, t.visibility)
+            TestResult(t.name, t.law, error, 0.0, t.points, reason, 0.0, t.visibility)
             for t in tests
         ]
 
-    if rejected:
-        return Grade(str(shown), failing(rejected), rejected, {}, time.monotonic() - start, mode)
+    if rejected:  # nothing of it ran: an error of every test, not a failed law
+        results = failing(rejected)
+        return Grade(str(shown), results, rejected, {}, time.monotonic() - start, mode)
     name = "submission" if path.is_dir() else "submission.py"
     try:
         with staged({name: path}) as stage:
@@ -198,12 +200,13 @@ def grade(
             found = _diagnose(launch(subject)) if failed else {}
     except UnsafeInput as e:
         reason = f"rejected: {e}"
-        return Grade(str(shown), failing(reason), reason, {}, time.monotonic() - start, mode)
+        results = failing(reason)
+        return Grade(str(shown), results, reason, {}, time.monotonic() - start, mode)
     except Exception as e:  # the grader's own failure on this submission: said, never raised
         reason = f"grader error while grading this submission: {type(e).__name__}: {e}"
         return Grade(
             str(shown),
-            failing(reason, Outcome.ERROR),
+            failing(reason),
             "",
             {},
             time.monotonic() - start,
@@ -316,7 +319,7 @@ def gradescope(
 ) -> dict[str, Any]:
     """Gradescope's results.json (score, execution_time, output, visibility,
     stdout_visibility, tests[] each with its own visibility from the test's record)."""
-    return {
+    data = {
         "score": g.score,
         "execution_time": round(g.seconds, 2),
         "output": _summary(g) + ("" if g.isolation == SANDBOX else f"\n{g.isolation}"),
@@ -336,6 +339,11 @@ def gradescope(
             for t in g.tests
         ],
     }
+    if g.error:  # no verdict: a score of 0 would read as one; staff re-run after the fix
+        del data["score"]
+        for t in data["tests"]:
+            del t["score"]
+    return data
 
 
 def junit(g: Grade) -> str:

@@ -283,3 +283,16 @@ def test_a_report_that_cannot_be_written_does_not_cost_the_others(tmp_path, caps
     assert not write_all("grade", [(gone, lambda: {"a": 1}), (kept, lambda: {"b": 2})])
     assert json.loads(kept.read_text()) == {"b": 2}
     assert f"could not write {gone}" in capsys.readouterr().err
+
+
+def test_a_grader_fault_exits_3_and_its_results_json_claims_no_score(tmp_path, monkeypatch):
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug of the grader's own")
+
+    monkeypatch.setattr(grade, "run_subject", broken)
+    report = tmp_path / "results.json"
+    argv = ["grade", str(ROOT / "impl" / "torch_copy.py"), "--gradescope", str(report)]
+    assert main([*argv, "--tests", "test_hand_example_noam"]) == 3
+    data = json.loads(report.read_text())
+    assert "GRADER ERROR" in data["output"] and "score" not in data
+    assert all("score" not in t for t in data["tests"])
