@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.isolation.forkserver import forked
 from harness.isolation.worker import Process, Start, kill_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -277,6 +278,15 @@ def sandboxed(stage: Path, limits: Limits = DEFAULT_LIMITS) -> Start:
         return _Sandboxed(proc)
 
     return start
+
+
+def starter(stage: Path, limits: Limits, unsafe: bool = False) -> tuple[Start, Path]:
+    """How an untrusted run's workers start on its staged input, and where they find it: in a
+    sandbox of their own at /sandbox; or, unsafe, forked from the trusted fork server (rlimits
+    only), at the stage itself."""
+    if unsafe:
+        return forked, stage
+    return sandboxed(stage, limits), Path(INPUT)
 
 
 # What check() runs inside a trial sandbox: each line a property the sandbox must have.

@@ -26,14 +26,12 @@ from typing import Any
 import pandas as pd
 
 from harness.engine import Cell, Launch, run_subject, unjudgeable
-from harness.isolation.forkserver import forked
 from harness.isolation.sandbox import (
     DEFAULT_LIMITS,
-    INPUT,
     Limits,
     UnsafeInput,
-    sandboxed,
     staged,
+    starter,
 )
 from harness.isolation.static_check import check_submission
 from harness.isolation.worker import (
@@ -184,13 +182,10 @@ def grade(
     name = "submission" if path.is_dir() else "submission.py"
     try:
         with staged({name: path}) as stage:
-            if unsafe:
-                start_worker, inside = forked, stage / name
-            else:
-                start_worker, inside = sandboxed(stage, limits), Path(INPUT) / name
+            start_worker, inside = starter(stage, limits, unsafe)
 
             def launch(s: Subject) -> Launch:
-                spec = {"path": str(inside)}
+                spec = {"path": str(inside / name)}
                 return Launch(start_worker, spec, ("probes",), limits.confine(), load_timeout)
 
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))

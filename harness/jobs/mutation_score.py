@@ -32,8 +32,7 @@ from typing import Any
 
 from harness.analysis import Summary, summarize
 from harness.engine import Cell, Launch, SuiteRun, unjudgeable
-from harness.isolation.forkserver import forked
-from harness.isolation.sandbox import DEFAULT_LIMITS, INPUT, Limits, UnsafeInput, sandboxed, staged
+from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput, staged, starter
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout, printable
 from harness.jobs.disguise import disguise
 from harness.options import (
@@ -104,9 +103,9 @@ def run_on(
     start = time.monotonic()
     out = SubjectRun()
     with staged({"tests": tests_dir}, {"subject.py": source}) as stage:
-        inside = stage if unsafe else Path(INPUT)
+        start_worker, inside = starter(stage, limits, unsafe)
         launch = Launch(
-            forked if unsafe else sandboxed(stage, limits),
+            start_worker,
             {"path": str(inside / "subject.py")},
             ("probes", "student_suite"),
             limits.confine(),
