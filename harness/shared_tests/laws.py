@@ -85,9 +85,9 @@ def check_hand_example_label_smoothing(call: Call) -> None:
 )
 def check_hand_example_noam(call: Call) -> None:
     # Section 3: d = 16, w = 4, f = 1 gives 0.03125 at update 0, the peak 0.125 at update 3 and
-    # 0.0625 at update 15; other settings against the oracle's formula.
+    # 0.0625 at update 15; other settings against the oracle's formula, warmup 1 among them.
     hand = [(0, 16, 4, 1.0, 0.03125), (3, 16, 4, 1.0, 0.125), (15, 16, 4, 1.0, 0.0625)]
-    more = [(0, 512, 4000, 1.0), (3999, 512, 4000, 2.0), (7, 64, 3, 0.5)]
+    more = [(0, 512, 4000, 1.0), (3999, 512, 4000, 2.0), (7, 64, 3, 0.5), (5, 16, 1, 1.0)]
     cases = [c[:4] for c in hand] + more
     rates = call("noam_rates", cases=cases)
     want = [c[4] for c in hand] + [oracle.noam_rate(*c) for c in more]

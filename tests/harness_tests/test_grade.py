@@ -296,3 +296,27 @@ def test_a_grader_fault_exits_3_and_its_results_json_claims_no_score(tmp_path, m
     data = json.loads(report.read_text())
     assert "GRADER ERROR" in data["output"] and "score" not in data
     assert all("score" not in t for t in data["tests"])
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        (
+            "self.enc_norm = nn.LayerNorm(d, eps=cfg.ln_eps) if pre else None",
+            "self.enc_norm = nn.LayerNorm(d) if pre else None",
+        ),
+        (
+            "self.norm3 = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)",
+            "self.norm3 = nn.LayerNorm(cfg.d_model)",
+        ),
+    ],
+)
+def test_a_layer_norm_that_ignores_ln_eps_fails_the_golden_test(tmp_path, old, new):
+    # one golden config uses ln_eps 1e-3: torch's default 1e-5 there moves the logits by ~5e-4
+    source = (ROOT / "impl" / "transformer.py").read_text()
+    assert source.count(old) == 1
+    submission = tmp_path / "transformer.py"
+    submission.write_text(source.replace(old, new))
+    g = grade.grade(submission, [BY_NAME["test_golden_torch"]])
+    [result] = g.tests
+    assert result.outcome == "killed" and "ln_eps 1e-3" in result.message, result.message
