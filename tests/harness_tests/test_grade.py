@@ -154,6 +154,17 @@ def test_a_submission_that_cannot_run_is_rejected_with_its_true_reason(tmp_path,
     assert not g.passed and reason in g.rejected, g.rejected
 
 
+def grade_impl_variant(tmp_path, old: str, new: str, test: str, extra: str = ""):
+    """impl with every `old` replaced by `new` (and `extra` appended), graded by one shared test:
+    that test's result."""
+    source = (ROOT / "impl" / "transformer.py").read_text()
+    assert old in source, f"impl no longer holds {old!r}"
+    submission = tmp_path / "transformer.py"
+    submission.write_text(source.replace(old, new) + extra)
+    [result] = grade.grade(submission, [BY_NAME[test]]).tests
+    return result
+
+
 ALWAYS_DROPOUT = """
 
 class AlwaysDropout(nn.Module):
@@ -176,12 +187,9 @@ class AlwaysDropout(nn.Module):
 def test_the_dropout_law_catches_missing_and_ever_present_dropout(tmp_path, fault, new):
     # impl with its dropout modules replaced: golden (dropout off in eval) tells the second fault
     # too, but only the dropout law tells the first
-    source = (ROOT / "impl" / "transformer.py").read_text()
-    assert source.count("nn.Dropout(cfg.dropout)") >= 3
-    submission = tmp_path / "transformer.py"
-    submission.write_text(source.replace("nn.Dropout(cfg.dropout)", new) + ALWAYS_DROPOUT)
-    g = grade.grade(submission, [BY_NAME["test_dropout_only_in_training"]])
-    [result] = g.tests
+    result = grade_impl_variant(
+        tmp_path, "nn.Dropout(cfg.dropout)", new, "test_dropout_only_in_training", ALWAYS_DROPOUT
+    )
     assert result.outcome == "killed", fault
 
 
@@ -194,12 +202,7 @@ def test_the_dropout_law_catches_missing_and_ever_present_dropout(tmp_path, faul
 )
 def test_a_changed_default_is_caught_by_the_defaults_law(tmp_path, old, new, words):
     # every other test passes every field and argument; only this law sees a default
-    source = (ROOT / "impl" / "transformer.py").read_text()
-    assert source.count(old) == 1
-    submission = tmp_path / "transformer.py"
-    submission.write_text(source.replace(old, new))
-    g = grade.grade(submission, [BY_NAME["test_defaults_are_the_contracts"]])
-    [result] = g.tests
+    result = grade_impl_variant(tmp_path, old, new, "test_defaults_are_the_contracts")
     assert result.outcome == "killed" and words in result.message, result.message
 
 
@@ -313,10 +316,5 @@ def test_a_grader_fault_exits_3_and_its_results_json_claims_no_score(tmp_path, m
 )
 def test_a_layer_norm_that_ignores_ln_eps_fails_the_golden_test(tmp_path, old, new):
     # one golden config uses ln_eps 1e-3: torch's default 1e-5 there moves the logits by ~5e-4
-    source = (ROOT / "impl" / "transformer.py").read_text()
-    assert source.count(old) == 1
-    submission = tmp_path / "transformer.py"
-    submission.write_text(source.replace(old, new))
-    g = grade.grade(submission, [BY_NAME["test_golden_torch"]])
-    [result] = g.tests
+    result = grade_impl_variant(tmp_path, old, new, "test_golden_torch")
     assert result.outcome == "killed" and "ln_eps 1e-3" in result.message, result.message
