@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 import oracle
+from harness.shared_tests.diagnosis import embedding_causes
 from harness.shared_tests.inputs import (
     BOS,
     GOLDEN_SEED,
@@ -43,10 +44,13 @@ from harness.shared_tests.verdicts import (
     assert_close,
     assert_equal_bits,
     errors,
+    listing,
     read_params,
     tolerance,
+    unwrapped,
 )
-from oracle.ops import layer_norm, positional_encoding
+from oracle.model import embed
+from oracle.ops import log_softmax
 
 # --- the tests --------------------------------------------------------------------------------
 
@@ -134,7 +138,33 @@ def check_golden_torch(call: Call) -> None:
     # Logits, the smoothed loss and every gradient equal the oracle's (torch's own layers are
     # checked against the same oracle), for both norms and every tying.
     for dtype, what, kind, got, want, mask, axes in golden_comparisons(call):
-        assert_close(what, got, want, tolerance(dtype, kind), mask=mask, axes=axes)
+        try:
+            assert_close(what, got, want, tolerance(dtype, kind), mask=mask, axes=axes)
+        except Failure as e:
+            raise Failure(
+                f"{e}{value_hint(kind, got, want, mask, tolerance(dtype, kind))}"
+            ) from None
+
+
+def value_hint(kind: str, got: Any, want: Any, mask: Any, tol: float) -> str:
+    """The commonest reason for a wrong loss or wrong logits, when the numbers show it."""
+    got, want = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if kind == "loss" and want != 0 and np.isfinite(got):
+        ratio = float(got / want)
+        counts = {int((b["tgt_out"] != PAD).sum()) for _, _, b in golden_inputs()}
+        if round(ratio) in counts and abs(ratio - round(ratio)) <= 1e-6 * ratio:
+            return (
+                f"; the loss is {round(ratio)} times the contract's, the number of real "
+                "targets: a sum over them, not their mean"
+            )
+    if kind == "logits" and got.shape == want.shape:
+        if errors(got, log_softmax(want), mask)[0].max() <= tol * 10:
+            return "; they are log-probabilities (log_softmax of the logits): return the raw logits"
+        shift = got - want
+        spread = shift.max(axis=-1) - shift.min(axis=-1)
+        if np.where(mask, spread, 0.0).max() <= tol * 10:
+            return "; they differ from the contract's by a constant per position"
+    return ""
 
 
 @law(
@@ -277,67 +307,37 @@ def check_decode_step_equals_forward(call: Call) -> None:
     values=True,
 )
 def check_embeddings_scaled_and_tied(call: Call) -> None:
-    # x0 = E[ids] sqrt(d) + PE for source and target; with tie_embeddings one table, listed once,
-    # is the source table, the target table and the output layer; tables start at N(0, 1/d).
+    # x0 = E[ids] sqrt(d) + PE, seen as what the first encoder layer and the first decoder layer
+    # receive, for source and target; tied, the target's table is the source's (which tables a
+    # state_dict lists is the names test's, what the layers compute the golden test's); tables
+    # start at N(0, 1/d).
     cfg = config(norm="pre", n_enc=1, n_dec=1)
     rng = np.random.default_rng(6)
     b = batch(rng, cfg, src_lens=[6, 3], tgt_lens=[5, 4])
     r = call("embedding_stream", cfg=cfg, seed=16, **forward_inputs(b))
-    sd = r["state_dict"]
-    extra = sorted({"tgt_emb.weight", "out.weight"} & set(sd))
-    if "src_emb.weight" not in sd or extra:
-        raise Failure(
-            f"tied tables, equal vocabularies: the state_dict must list one table as "
-            f"src_emb.weight and no {extra or 'src_emb.weight'}"
-        )
-    E, d, eps = sd["src_emb.weight"], cfg["d_model"], cfg["ln_eps"]
-    pe = positional_encoding(max(b["src"].shape[1], b["tgt_in"].shape[1]), d)
-
-    def stream(ids: np.ndarray, norm: str, scale: float) -> np.ndarray:
-        x0 = E[ids] * scale + pe[: ids.shape[1]]
-        return layer_norm(x0, sd[f"{norm}.weight"], sd[f"{norm}.bias"], eps)
-
+    params = read_params(r["state_dict"], cfg)
     tol = tolerance(r["dtype"], "logits")
-    for what, got, want, unscaled, mask in (
-        (
-            "encode of a model whose sublayers output 0, LN(E[src] sqrt(d) + PE)",
-            r["memory"],
-            stream(b["src"], "enc_norm", math.sqrt(d)),
-            stream(b["src"], "enc_norm", 1.0),
-            b["src_mask"],
-        ),
-        (
-            "logits of that model, LN(E[tgt] sqrt(d) + PE) E^T",
-            r["logits"],
-            stream(b["tgt_in"], "dec_norm", math.sqrt(d)) @ E.T,
-            stream(b["tgt_in"], "dec_norm", 1.0) @ E.T,
-            b["tgt_mask"],
-        ),
+    for side, layer, table, ids, mask in (
+        ("source", "encoder.0", params.src_table, b["src"], b["src_mask"]),
+        ("target", "decoder.0", params.tgt_table, b["tgt_in"], b["tgt_mask"]),
     ):
-        try:
-            last = "feature" if got.shape[-1] == d else "token"
-            assert_close(what, got, want, tol, mask=mask, axes=("row", "position", last))
-        except Failure as e:
-            hint = ""
-            if np.abs(np.where(mask[..., None], got - unscaled, 0.0)).max() <= tol * 10:
-                hint = "; it matches E[ids] + PE: the embeddings are not multiplied by sqrt(d)"
-            raise Failure(f"{e}{hint}") from None
-    # which tables each tying lists, for unequal vocabularies too
-    ties = [
-        (config(src_vocab=11), ["src_emb.weight", "tgt_emb.weight"]),
-        (config(tie_embeddings=False), ["src_emb.weight", "tgt_emb.weight", "out.weight"]),
-    ]
-    shapes = call("state_dict_shapes", cfgs=[c for c, _ in ties])
-    for (c, want), got in zip(ties, shapes, strict=True):
-        tables = sorted(k for k in got if k in ("src_emb.weight", "tgt_emb.weight", "out.weight"))
-        if tables != sorted(want):
+        got = r["x0" if side == "source" else "y0"]
+        if got is None:
             raise Failure(
-                f"tie_embeddings={c['tie_embeddings']}, vocabularies {c['src_vocab']} and "
-                f"{c['tgt_vocab']}: tables {tables}, expected {sorted(want)}"
+                f"no submodule named {layer} (or torch's {layer.replace('.', '.layers.')}) "
+                f"received the {side} embeddings: the contract's module names (CONTRACT.md) "
+                "are how x0 is seen"
             )
+        want = embed(params, table, ids)
+        what = f"{side} x0 = E[ids] sqrt(d) + PE (the input of {layer})"
+        try:
+            assert_close(what, got, want, tol, mask=mask, axes=("row", "position", "feature"))
+        except Failure as e:
+            raise Failure(f"{e}{embedding_causes(got, params, table, ids, mask, tol)}") from None
     # N(0, 1/d): 256 x 16 draws estimate the std to about 1.1%; 10% is eight of those
     big = config(src_vocab=256, tgt_vocab=256, n_enc=1, n_dec=1)
-    table = call("state_dict", cfg=big, seed=17)["state_dict"]["src_emb.weight"]
+    start = read_params(call("state_dict", cfg=big, seed=17)["state_dict"], big)
+    table = start.arrays[start.src_table]
     std, want_std = float(table.std()), big["d_model"] ** -0.5
     if abs(std / want_std - 1) > 0.10:
         raise Failure(f"embedding table std {std:.4f} at init, expected 1/sqrt(d) = {want_std:.4f}")
@@ -358,12 +358,18 @@ def check_parameter_names_follow_the_norm(call: Call) -> None:
         config(n_enc=1, n_dec=2, tie_embeddings=False, tgt_vocab=11),
     ]
     got_all = call("state_dict_shapes", cfgs=cfgs)
-    for cfg, got in zip(cfgs, got_all, strict=True):
+    buffers = call("buffer_names", cfgs=cfgs)
+    for cfg, got, held in zip(cfgs, got_all, buffers, strict=True):
         want = contract_shapes(cfg)
         label = f"{cfg['norm']}-LN, {cfg['n_enc']}+{cfg['n_dec']} layers, tie {tying(cfg)}"
         missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
         if missing or extra:
-            raise Failure(f"{label}: state_dict names missing {missing}, unexpected {extra}")
+            parts = [f"missing {listing(missing)}" if missing else ""]
+            parts.append(f"unexpected {listing(extra)}" if extra else "")
+            said = "; ".join(x for x in parts if x)
+            raise Failure(
+                f"{label}: the state_dict's names: {said}{names_advice(cfg, missing, extra, held)}"
+            )
         for name, shape in want.items():
             if tuple(got[name]) != shape:
                 raise Failure(f"{label}: {name} has shape {tuple(got[name])}, expected {shape}")
@@ -371,6 +377,39 @@ def check_parameter_names_follow_the_norm(call: Call) -> None:
     added = {"enc_norm.weight", "enc_norm.bias", "dec_norm.weight", "dec_norm.bias"}
     if pre - post != added or post - pre:
         raise Failure(f"pre-LN adds {sorted(pre - post)} and drops {sorted(post - pre)}")
+
+
+def names_advice(cfg: dict, missing: list[str], extra: list[str], buffers: list[str]) -> str:
+    """The usual fixes for names that are not the contract's, as '; <advice>' or ''."""
+    advice = []
+    held = sorted(set(extra) & set(buffers))
+    if held:
+        kind = "is a persistent buffer" if len(held) == 1 else "are persistent buffers"
+        advice.append(
+            f"{listing(held)} {kind}: register with persistent=False (the state_dict holds "
+            "parameters only)"
+        )
+    heads = {k.split(".", 1)[0] for k in set(extra) - set(held)}
+    if len(heads) == 1 and missing:
+        head = heads.pop() + "."
+        if {k[len(head) :] for k in extra if k.startswith(head)} >= set(missing):
+            advice.append(
+                f"every name is under '{head}': make the contract's modules attributes of the "
+                "Transformer itself, not of a wrapped model"
+            )
+    if "out.bias" in extra:
+        advice.append("the output layer has a bias: nn.Linear(d_model, tgt_vocab, bias=False)")
+    finals = [
+        k
+        for k in extra
+        if k.startswith(("encoder.norm.", "decoder.norm.", "enc_norm.", "dec_norm."))
+    ]
+    if finals and cfg["norm"] == "post":
+        advice.append(
+            "post-LN has no final norms: nn.TransformerEncoder and nn.TransformerDecoder add "
+            "one when given norm=...; pass norm=None"
+        )
+    return "".join(f"; {a}" for a in advice)
 
 
 @law(
@@ -486,7 +525,7 @@ def choose_eos(params: Any, src: np.ndarray, max_len: int) -> int:
 
 def decoding_setup(call: Call, cfg: dict, seed: int, src: np.ndarray, max_len: int):
     """The parent's weights for this subject's names, the oracle's Params for them, and eos."""
-    shapes = call("state_dict_shapes", cfgs=[cfg])[0]
+    shapes = call("parameter_shapes", cfgs=[cfg])[0]
     weights = draw_weights(shapes, cfg, seed)
     params = read_params(weights, cfg, "the state_dict's names")
     return weights, params, choose_eos(params, src, max_len)
@@ -695,7 +734,7 @@ def heldout_loss(call: Call, setup: dict[str, Any], seed: int) -> float:
     r = call("learn", cfg=cfg, seed=seed, data=inputs["data"], **setup["recipe"])
     # read in the untied form, each table a subject lists once standing for those it is tied to:
     # how the tables are tied is the names and embeddings tests' to charge, not this test's
-    weights = dict(r["state_dict"])
+    weights = unwrapped(dict(r["state_dict"]))
     if "src_emb.weight" in weights and cfg["src_vocab"] == cfg["tgt_vocab"]:
         weights.setdefault("tgt_emb.weight", weights["src_emb.weight"])
     if "tgt_emb.weight" in weights:

@@ -40,8 +40,16 @@ def _t(a: Any) -> torch.Tensor:
     return torch.from_numpy(np.array(a))
 
 
+def _buffers(model: torch.nn.Module) -> set[str]:
+    """The state_dict's persistent buffers: not parameters, so no value test reads them (the
+    contract lists none; the names test alone charges one)."""
+    return {name for name, _ in model.named_buffers()} & set(model.state_dict())
+
+
 def _state_dict(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    return {name: _np(t) for name, t in model.state_dict().items()}
+    """The model's parameters under their state_dict names (persistent buffers left out)."""
+    buffers = _buffers(model)
+    return {name: _np(t) for name, t in model.state_dict().items() if name not in buffers}
 
 
 def _smoke_inputs(cfg: dict[str, Any]) -> tuple[torch.Tensor, ...]:
@@ -204,28 +212,82 @@ def state_dict_shapes(module, cfgs) -> list[dict[str, list[int]]]:
 
 
 @probe
-def embedding_stream(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
-    """A pre-LN model whose every sublayer output is zeroed: encode gives LN(x0) and forward
-    gives LN(y0) W_out^T, so the parent can check x0 = E[ids] sqrt(d) + PE through the contract.
+def parameter_shapes(module, cfgs) -> list[dict[str, list[int]]]:
+    """For each config, the parameters' state_dict names and shapes (persistent buffers left
+    out): what the decoding tests draw weights for."""
+    out = []
+    for cfg in cfgs:
+        model = module.Transformer(module.TransformerConfig(**cfg))
+        buffers = _buffers(model)
+        state = model.state_dict()
+        out.append({k: list(t.shape) for k, t in state.items() if k not in buffers})
+    return out
 
-    Zeroing goes through load_state_dict in the contract's names: out_proj and linear2 of every
-    layer (their weight and bias), so each residual adds exactly 0.
-    """
+
+@probe
+def buffer_names(module, cfgs) -> list[list[str]]:
+    """For each config, the persistent buffers its state_dict lists."""
+    return [sorted(_buffers(module.Transformer(module.TransformerConfig(**c)))) for c in cfgs]
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """A call's floating-point tensor arguments, positional first, then by keyword."""
+    found = [*args, *kwargs.values()]
+    return [t for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _first_call(model: torch.nn.Module, names: Any) -> dict[str, dict[str, Any]]:
+    """Hooks on the submodules whose contract names `names(name)` accepts: each one's first
+    call, in order of completion, records its floating-point tensor inputs (at most two: the
+    query, then the keys' source) and its output (a tuple's first element)."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    def hook(name: str):
+        def record(mod: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            first = out[0] if isinstance(out, tuple) and out else out
+            if name in seen or not isinstance(first, torch.Tensor):
+                return
+            inputs = [_np(t) for t in _tensors(args, kwargs)[:2]]
+            seen[name] = {"inputs": inputs, "output": _np(first)}
+
+        return record
+
+    modules = dict(model.named_modules())
+    wrapper = _wrapper(modules)
+    for name, sub in modules.items():
+        if name.startswith(wrapper) and names(contract_name(name[len(wrapper) :])):
+            sub.register_forward_hook(hook(contract_name(name[len(wrapper) :])), with_kwargs=True)
+    return seen
+
+
+def _wrapper(modules: dict[str, torch.nn.Module]) -> str:
+    """'' when the contract's module names are at the model's top; else the path of the one
+    child that holds them ('transformer.' for a model wrapped in another module)."""
+    if any(_CONTRACT_NAME.match(contract_name(n)) for n in modules):
+        return ""
+    counts: dict[str, int] = {}
+    for n in modules:
+        head, _, rest = n.partition(".")
+        if rest and _CONTRACT_NAME.match(contract_name(rest)):
+            counts[head + "."] = counts.get(head + ".", 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else ""
+
+
+@probe
+def embedding_stream(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+    """What the first encoder layer and the first decoder layer receive in one forward pass
+    (x0 and y0: modules found by the contract's names, torch's stack names translated), and
+    the parameters: the parent checks x0 = E[ids] sqrt(d) + PE from them, nothing else."""
     model, dtype = build(module, cfg, seed)
-    sd = {name: t.clone() for name, t in model.state_dict().items()}
-    for name, t in sd.items():
-        if ".out_proj." in name or ".linear2." in name:
-            t.zero_()
-    model.load_state_dict(sd)
-    src, tgt_in, src_mask, tgt_mask = _t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask)
-    with torch.no_grad():
-        memory = model.encode(src, src_mask)
-        logits = model(src, tgt_in, src_mask, tgt_mask)
+    seen = _first_call(model, lambda name: name in ("encoder.0", "decoder.0"))
+    # gradients stay enabled: under no_grad torch's own layers may take a fused path
+    model(_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
+    first = {k: (v["inputs"][0] if v["inputs"] else None) for k, v in seen.items()}
     return {
         "dtype": dtype,
         "state_dict": _state_dict(model),
-        "memory": _np(memory),
-        "logits": _np(logits),
+        "x0": first.get("encoder.0"),
+        "y0": first.get("decoder.0"),
     }
 
 
@@ -296,9 +358,12 @@ def fit_runs(module, cfg, seed, data, steps, batch, warmup, factor, lr, fit_seed
 
 
 def load_weights(model: torch.nn.Module, weights: dict[str, np.ndarray]) -> None:
-    """load_state_dict of parent-chosen arrays (the contract's names), in the model's dtype."""
+    """load_state_dict of parent-chosen arrays for the model's parameters, in the model's dtype;
+    its persistent buffers, if any, keep their own values."""
     dtype = next(model.parameters()).dtype
-    model.load_state_dict({k: torch.from_numpy(v).to(dtype) for k, v in weights.items()})
+    state = model.state_dict()
+    state.update({k: torch.from_numpy(v).to(dtype) for k, v in weights.items()})
+    model.load_state_dict(state)
 
 
 @probe
@@ -398,7 +463,7 @@ _TORCH_NAMES = (
 )
 _CONTRACT_NAME = re.compile(
     r"^(encoder\.\d+(\.(self_attn|norm[12]|linear[12]))?|enc_norm|"
-    r"decoder\.\d+(\.(self_attn|cross_attn|norm[123]|linear[12]))?|dec_norm)$"
+    r"decoder\.\d+(\.(self_attn|cross_attn|norm[123]|linear[12]))?|dec_norm|out)$"
 )
 
 
@@ -411,29 +476,19 @@ def contract_name(name: str) -> str:
 
 @probe
 def module_outputs(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
-    """The output of each contract-named submodule during one forward pass (a tuple output
-    counts by its first element; a module called twice by its first call), and the weights:
-    the parent's diagnosis compares them with the oracle's trace."""
+    """What each contract-named submodule received and returned during one forward pass (its
+    first call, in order of completion), and the weights: the parent's diagnosis recomputes
+    each module's contract function from the module's own input with the oracle."""
     model, dtype = build(module, cfg, seed)
-    outputs: dict[str, np.ndarray] = {}
-
-    def hook(name: str):
-        def record(mod: torch.nn.Module, args: Any, out: Any) -> None:
-            first = out[0] if isinstance(out, tuple) and out else out
-            if isinstance(first, torch.Tensor) and name not in outputs:
-                outputs[name] = _np(first)
-
-        return record
-
-    for name, sub in model.named_modules():
-        if _CONTRACT_NAME.match(contract_name(name)):
-            sub.register_forward_hook(hook(contract_name(name)))
+    seen = _first_call(model, lambda name: bool(_CONTRACT_NAME.match(name)))
     # gradients stay enabled: under no_grad torch's own layers take a fused fast path that
     # never calls their submodules, so their hooks would not fire
     logits = model(_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
     return {
         "dtype": dtype,
         "state_dict": _state_dict(model),
-        "outputs": outputs,
+        "modules": list(seen),
+        "inputs": {k: v["inputs"] for k, v in seen.items()},
+        "outputs": {k: v["output"] for k, v in seen.items()},
         "logits": _np(logits),
     }
