@@ -208,7 +208,11 @@ def grade(
             mode,
             error=traceback.format_exc(),
         )
-    results = [_result(t, cells[t.name], found) for t in tests]
+    results, told = [], ""
+    for t in tests:  # the diagnosis is said once, under the first failed value test
+        results.append(_result(t, cells[t.name], found, told))
+        if t.values and found and not results[-1].passed and not told:
+            told = t.name
     seconds = time.monotonic() - start
     return Grade(str(shown), results, "", found, seconds, mode, start_seconds=starts)
 
@@ -231,11 +235,15 @@ def _diagnose(launch: Launch) -> dict[str, str]:
         worker.close()
 
 
-def _result(test: Test, cell: Cell, found: dict[str, str]) -> TestResult:
+def _result(test: Test, cell: Cell, found: dict[str, str], told: str = "") -> TestResult:
+    """A test's line of the grade; a failed value test carries the forward pass's diagnosis,
+    or, when `told` already carries it, says where it is."""
     message = ""
     if cell.outcome is not Outcome.PASSED:
         message = f"{_REASON[cell.outcome]}: {cell.message}".strip()
-        if test.values and found:
+        if test.values and found and told:
+            message += f"\n(the forward pass's diagnosis is under {told})"
+        elif test.values and found:
             message += "\n" + "\n".join(f"{name}: {line}" for name, line in found.items())
     max_score = 0.0 if cell.outcome is Outcome.NOT_APPLICABLE else float(test.points)
     score = max_score if cell.outcome is Outcome.PASSED else 0.0
