@@ -8,13 +8,22 @@ code: our own variants) and run through the same probe a grader's worker runs; t
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+import oracle
 from harness.isolation.child import probes
 from harness.isolation.child.load import from_source
-from harness.shared_tests import diagnosis
-from harness.shared_tests.inputs import GOLDEN_SEED, forward_inputs, golden_inputs
-from harness.shared_tests.laws import SHARED_TESTS
+from harness.shared_tests import diagnosis, verdicts
+from harness.shared_tests.inputs import (
+    GOLDEN_SEED,
+    config,
+    contract_shapes,
+    draw_weights,
+    forward_inputs,
+    golden_inputs,
+)
+from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 from harness.shared_tests.record import Failure
 from harness.subjects import module_source
 
@@ -254,3 +263,63 @@ def test_a_names_fault_is_charged_once_with_its_fix(patches, extra, advice):
     failed = {name: message for name, message in found.items() if message != "passed"}
     assert list(failed) == [NAMES], failed
     assert advice in failed[NAMES], failed[NAMES]
+
+
+@pytest.mark.parametrize(
+    "patch, words",
+    [
+        (
+            (
+                "torch.zeros_like(per_target)).sum() / n_real",
+                "torch.zeros_like(per_target)).sum()",
+            ),
+            "the number of real targets: a sum over them, not their mean",
+        ),
+        (
+            (
+                "return F.linear(y, self.out_weight())",
+                "return torch.log_softmax(F.linear(y, self.out_weight()), -1)",
+            ),
+            "they are log-probabilities (log_softmax of the logits): return the raw logits",
+        ),
+    ],
+    ids=["a summed loss", "log-probabilities"],
+)
+def test_the_golden_test_names_the_commonest_value_faults(patch, words):
+    module = variant(patch)
+    with pytest.raises(Failure) as failed:
+        BY_NAME["test_golden_torch"].check(lambda probe, **kw: probes.PROBES[probe](module, **kw))
+    assert words in str(failed.value), failed.value
+
+
+def test_messages_show_enough_digits_and_summarise_long_lists():
+    assert verdicts.pair(-1.16453541, -1.16453543) == "got -1.16453541, expected -1.16453543"
+    assert verdicts.pair(0.5, 0.5) == "got 0.5, expected 0.5"
+    keys = [f"encoder.{i}.norm1.weight" for i in range(10)]
+    assert verdicts.listing(keys).endswith("encoder.3.norm1.weight and 6 more")
+    assert verdicts.listing(keys[:5]) == ", ".join(keys[:5])  # never "and 1 more"
+
+
+def test_values_are_read_through_a_wrapper_an_output_bias_and_automatic_final_norms():
+    cfg = config(n_enc=1, n_dec=1, tie_embeddings=False)
+    weights = draw_weights({k: list(v) for k, v in contract_shapes(cfg).items()}, cfg, seed=3)
+    plain = oracle.read_state_dict(weights, cfg)
+    rng = np.random.default_rng(4)
+    bias = rng.normal(size=cfg["tgt_vocab"])
+    finals = {
+        f"{n}.{w}": rng.normal(size=cfg["d_model"])
+        for n in ("encoder.norm", "dec_norm")
+        for w in ("weight", "bias")
+    }
+    odd = {f"transformer.{k}": v for k, v in {**weights, "out.bias": bias, **finals}.items()}
+    params, forgiven = verdicts.readable(odd, cfg)
+    assert forgiven == [
+        "every name under 'transformer.'",
+        "a bias on the output layer",
+        "final norms in a post-LN model",
+    ]
+    assert all(np.array_equal(params.arrays[k], v) for k, v in plain.arrays.items())
+    assert np.array_equal(params.spec.logits_bias, bias)
+    # what nothing forgives stays the names test's: the value tests say they cannot judge
+    with pytest.raises(Failure, match="not judged: test_parameter_names_follow_the_norm"):
+        verdicts.read_params({**weights, "encoder.0.extra.weight": bias}, cfg)
