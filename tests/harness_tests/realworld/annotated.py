@@ -387,7 +387,7 @@ def beam_search(model, memory, src_mask, bos, eos, max_len, beam_size, length_pe
         logp = F.log_softmax(logits, dim=-1)
         top, ids = logp.sort(dim=-1, descending=True, stable=True)
         candidates = []
-        for i, (toks, score) in enumerate(live):
+        for i, (_, score) in enumerate(live):
             for r in range(min(beam_size, logp.size(-1))):
                 candidates.append((score + top[i, r].item(), i, ids[i, r].item()))
         candidates.sort(key=lambda c: c[0], reverse=True)  # stable, also reversed
@@ -432,7 +432,8 @@ def save_transformer(model, dir):
     path = Path(dir)
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps(asdict(model.cfg)))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path / "model.safetensors")
+    weights = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, path / "model.safetensors")
 
 
 def load_transformer(dir):

@@ -13,7 +13,6 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -190,7 +189,8 @@ class Decoder(nn.Module):
     def forward(self, y, memory, self_allowed, mem_allowed, caches=None):
         new_caches = []
         for i, layer in enumerate(self.layers):
-            y, c = layer(y, memory, self_allowed, mem_allowed, None if caches is None else caches[i])
+            cache = None if caches is None else caches[i]
+            y, c = layer(y, memory, self_allowed, mem_allowed, cache)
             new_caches.append(c)
         return (y if self.norm is None else self.norm(y)), tuple(new_caches)
 
@@ -235,7 +235,7 @@ def _torch_names(state_dict, prefix, *args):
 class DecodeState:
     pos: int
     src_mask: Tensor
-    caches: Optional[tuple] = field(default=None)  # per layer ((k, v) so far, memory (k, v))
+    caches: tuple | None = field(default=None)  # per layer ((k, v) so far, memory (k, v))
 
 
 def _check(ids, mask, what, max_len):
@@ -286,8 +286,9 @@ class Transformer(nn.Module):
         return self.drop(x + pe.to(x.device))
 
     def _logits(self, y):
-        w = self.out.weight if self.out is not None else self._table()
-        return torch.einsum("btd,vd->btv", y, w)
+        if self.out is not None:
+            return self.out(y)
+        return torch.einsum("btd,vd->btv", y, self._table())
 
     def encode(self, src, src_mask):
         _check(src, src_mask, "src", self.cfg.max_len)
