@@ -2,7 +2,7 @@
 
 Each record:
 
-- id: a short name; base: the base file (annotated.py, fused.py, nn_stacks.py) the patch applies to
+- id: a short name; base: the base file (one of BASES) the patch applies to
 - patch: exact [old, new] text replacements, applied in order to the base's source; each `old`
   occurs exactly once in the text it is applied to (run_set.variant_source checks)
 - fault: what is wrong, in words
@@ -28,14 +28,16 @@ LS = "test_hand_example_label_smoothing"
 GOLDEN = "test_golden_torch"
 CAUSAL = "test_decoder_is_causal"
 PADDING = "test_source_padding_is_never_read"
+READS_SOURCE = "test_decoder_reads_the_source"
 STEP = "test_decode_step_equals_forward"
 EMBEDDINGS = "test_embeddings_scaled_and_tied"
 NAMES = "test_parameter_names_follow_the_norm"
 TRANSLATE = "test_translate_is_greedy_with_beam_one_and_drops_eos"
 BEAM = "test_beam_search_matches_oracle"
+DROPOUT = "test_dropout_only_in_training"
 
 # the bases, which must pass every shared test
-BASES = ("annotated.py", "fused.py", "nn_stacks.py")
+BASES = ("annotated.py", "fused.py", "nn_stacks.py", "functional.py")
 
 
 VARIANTS: list[dict] = [
@@ -440,6 +442,47 @@ def layer_step(''',
             "notes": "padded source positions are read by the encoder (padding law) and the "
             "golden batches have padded sources (values law). The decoding tests encode padded "
             "sources and compare with the oracle: dependents.",
+        },
+    },
+    # --- functional.py: parameter-only modules, torch.nn.functional, no hookable module outputs --
+    {
+        "id": "functional-enc-norm-eps",
+        "base": "functional.py",
+        "patch": [
+            [
+                "x = layer_norm(self.enc_norm, x, self.cfg.ln_eps)",
+                "x = layer_norm(self.enc_norm, x, 1e-5)  # FAULT: torch's default, not cfg.ln_eps",
+            ],
+        ],
+        "fault": "the pre-LN final encoder norm uses a hard-coded eps 1e-5 instead of cfg.ln_eps",
+        "expected": {
+            "failing": [GOLDEN],
+            "dependent": [],
+            "diagnosis": ["enc_norm"],
+            "notes": "only the golden pre-LN configuration (ln_eps 1e-3) sees it. No module of "
+            "this style runs its own forward, so module hooks see nothing: naming enc_norm needs "
+            "another probe (e.g. encode's output, or the residual stream at the stack's end).",
+        },
+    },
+    {
+        "id": "functional-dropout-in-eval",
+        "base": "functional.py",
+        "patch": [
+            [
+                "return F.dropout(x, self.cfg.dropout, self.training)",
+                "return F.dropout(x, self.cfg.dropout)  # FAULT: F.dropout defaults to training",
+            ],
+        ],
+        "fault": "the embedding dropout is F.dropout(x, p) without training=: it drops out in "
+        "eval mode too (F.dropout's default is training=True)",
+        "expected": {
+            "failing": [DROPOUT],
+            "dependent": [GOLDEN, CAUSAL, PADDING, READS_SOURCE, STEP, EMBEDDINGS, TRANSLATE, BEAM],
+            "diagnosis": ["eval"],
+            "notes": "one cause: dropout acts in eval mode, which the dropout test owns. Every "
+            "other test of eval-mode values sees random logits and cannot judge its own law; a "
+            "grader that charges them all (today's) over-charges by ~60 points. Training (fit, "
+            "learning) is unaffected.",
         },
     },
 ]
