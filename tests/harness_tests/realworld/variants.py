@@ -121,6 +121,12 @@ VARIANTS: list[dict] = [
         "base": "annotated.py",
         "patch": [
             [
+                "so the state_dict keeps the contract's names.\n",
+                "so the state_dict keeps the contract's names.\n\n"
+                "examples/annotated_submission.py: this layout is correct; the one fault, marked\n"
+                "FAULT below, is further on: the encoder layers' norm2 does not get cfg.ln_eps.\n",
+            ],
+            [
                 "self.norm2 = LayerNorm(cfg.d_model, eps=cfg.ln_eps)\n        self.dropout",
                 "self.norm2 = LayerNorm(cfg.d_model)  # FAULT: cfg.ln_eps not passed (1e-6)\n"
                 "        self.dropout",
@@ -314,6 +320,13 @@ VARIANTS: list[dict] = [
         "id": "nn_stacks-pe-float32",
         "base": "nn_stacks.py",
         "patch": [
+            [
+                "on the new position only.\n",
+                "on the new position only.\n\n"
+                "examples/float32_pe_submission.py: one fault, marked FAULT below: the\n"
+                "positional table is computed in float32 as in the tutorial, though the model\n"
+                "runs in float64.\n",
+            ],
             [
                 "-torch.arange(0, emb_size, 2, dtype=torch.float64) * math.log(10000) / emb_size",
                 "-torch.arange(0, emb_size, 2) * math.log(10000) / emb_size",
