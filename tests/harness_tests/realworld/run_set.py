@@ -127,13 +127,17 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
     and the diagnosis text: the report's diagnosis and every failing test's message."""
     failing = [t["name"] for t in report["tests"] if t["outcome"] != "passed"]
     messages = {t["name"]: t["message"] for t in report["tests"] if t["outcome"] != "passed"}
-    parts = [_text(report.get("diagnosis"))] + [f"{n}: {m}" for n, m in messages.items()]
+    lines: list[str] = []  # every failing test's message, then the report's own diagnosis
+    for text in [f"{n}: {m}" for n, m in messages.items()] + [_text(report.get("diagnosis"))]:
+        for line in text.splitlines():
+            if line.strip() and line.strip() not in (seen.strip() for seen in lines):
+                lines.append(line)
     return {
         "score": report["score"],
         "max_score": report["max_score"],
         "failing": failing,
         "messages": messages,
-        "diagnosis": "\n".join(p for p in parts if p),
+        "diagnosis": "\n".join(lines),
         "grader_error": report.get("grader_error", ""),
         "rejected": report.get("rejected", ""),
     }
@@ -203,6 +207,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:32} {score:>8}  failing={_short(summary['failing'])}")
         match = "yes" if verdict["match"] else "no"
         print(f"{'':32} {'':8}  expected={_short(want)}  match={match}")
+        if record is not None and not verdict["match"]:
+            print(
+                f"{'':32} {'':8}  missing={_short(verdict['missing'])}  "
+                f"over={_short(verdict['over'])}  dependent={_short(verdict['dependent'])}"
+            )
         diag = summary["diagnosis"].replace("\n", "\n" + " " * 44)
         print(f"{'':32} {'':8}  diagnosis: {diag or '-'}\n", flush=True)
     if args.write_observed:
