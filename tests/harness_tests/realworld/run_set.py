@@ -116,9 +116,9 @@ def grade_source(
 
 def _text(value: Any) -> str:
     if isinstance(value, dict):
-        return "; ".join(f"{k}: {_text(v)}" for k, v in value.items())
+        return "\n".join(f"{k}: {_text(v)}" for k, v in value.items())
     if isinstance(value, list):
-        return "; ".join(_text(v) for v in value)
+        return "\n".join(_text(v) for v in value)
     return "" if value is None else str(value)
 
 
