@@ -146,16 +146,22 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
 def judge(record: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
     """The summary against the record's expectation: missing (expected, passed), over (failed,
     neither expected nor a dependent), dependent (failed dependents), whether the failing set is
-    exactly the expected one, and which diagnosis substrings are absent."""
+    exactly the expected one, the diagnosis entries not found, and the `absent` substrings
+    found (a false diagnosis)."""
     expected = record["expected"]
     failed, want = set(summary["failing"]), set(expected["failing"])
     text = summary["diagnosis"].lower()
+
+    def found(entry: str | list[str]) -> bool:
+        return any(s.lower() in text for s in ([entry] if isinstance(entry, str) else entry))
+
     return {
         "match": failed == want,
         "missing": sorted(want - failed),
         "over": sorted(failed - want - set(expected.get("dependent", []))),
         "dependent": sorted(failed & set(expected.get("dependent", []))),
-        "diagnosis_missing": [s for s in expected["diagnosis"] if s.lower() not in text],
+        "diagnosis_missing": [e for e in expected["diagnosis"] if not found(e)],
+        "diagnosis_false": [s for s in expected.get("absent", []) if s.lower() in text],
     }
 
 
@@ -212,6 +218,10 @@ def main(argv: list[str] | None = None) -> int:
                 f"{'':32} {'':8}  missing={_short(verdict['missing'])}  "
                 f"over={_short(verdict['over'])}  dependent={_short(verdict['dependent'])}"
             )
+        if record is not None:
+            bad = verdict["diagnosis_missing"], verdict["diagnosis_false"]
+            ok = "yes" if not any(bad) else f"no (not found {bad[0]}, false {bad[1]})"
+            print(f"{'':32} {'':8}  diagnosis as expected: {ok}")
         diag = summary["diagnosis"].replace("\n", "\n" + " " * 44)
         print(f"{'':32} {'':8}  diagnosis: {diag or '-'}\n", flush=True)
     if args.write_observed:
