@@ -1,0 +1,245 @@
+"""Grade the real-world-style set: each base and each single-fault variant of variants.py.
+
+    python tests/harness_tests/realworld/run_set.py                 # bases and every variant
+    python tests/harness_tests/realworld/run_set.py fused-loss-sum  # some ids (or base names)
+    python tests/harness_tests/realworld/run_set.py --write-observed  # refresh observed_today.json
+    python tests/harness_tests/realworld/run_set.py --write-examples  # refresh the two examples/
+
+Each submission is materialized into a temporary folder and graded by `python -m harness grade
+--json` (a sandboxed worker, as for any student). The table shows, per submission, the score,
+the failing tests, the contract's expected failing set, whether they match, and the grader's
+diagnosis. The helpers are importable; from a test module in tests/harness_tests (pytest's
+default "prepend" import mode puts that folder on sys.path):
+
+    from realworld import run_set
+    for record in run_set.load_variants():
+        report = run_set.grade_source(run_set.variant_source(record), record["id"])
+        verdict = run_set.judge(record, run_set.summarize(report))
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[2]  # the repository root: `python -m harness` runs there
+OBSERVED = HERE / "observed_today.json"
+# the examples/ files that are variants, exactly as variant_source gives them
+EXAMPLES = {
+    "annotated-norm2-eps-default": ROOT / "examples" / "annotated_submission.py",
+    "nn_stacks-pe-float32": ROOT / "examples" / "float32_pe_submission.py",
+}
+
+
+def _data_module() -> Any:
+    spec = importlib.util.spec_from_file_location("realworld_variants", HERE / "variants.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_variants() -> list[dict[str, Any]]:
+    """The variant records of variants.py (copies), each with `observed_today` from
+    observed_today.json when that file has it (else None)."""
+    observed = json.loads(OBSERVED.read_text()) if OBSERVED.exists() else {}
+    records = copy.deepcopy(_data_module().VARIANTS)
+    for r in records:
+        r["observed_today"] = observed.get(r["id"])
+    return records
+
+
+def bases() -> list[str]:
+    """The base files' names (each a complete, correct contract module)."""
+    return list(_data_module().BASES)
+
+
+def base_source(name: str) -> str:
+    return (HERE / name).read_text()
+
+
+def apply_patch(source: str, patch: list[list[str]], label: str = "patch") -> str:
+    """source with each [old, new] replaced in order; each old must occur exactly once."""
+    for i, (old, new) in enumerate(patch):
+        n = source.count(old)
+        if n != 1:
+            raise ValueError(f"{label}, replacement {i}: {old!r} occurs {n} times, expected once")
+        source = source.replace(old, new)
+    return source
+
+
+def variant_source(record: dict[str, Any]) -> str:
+    """The variant's full source: its base with its patch applied."""
+    return apply_patch(base_source(record["base"]), record["patch"], record["id"])
+
+
+def grade_file(
+    path: Path, tests: list[str] | None = None, extra: list[str] | None = None
+) -> dict[str, Any]:
+    """`python -m harness grade PATH --json ...` run at the repository root: the JSON report.
+
+    A grader that exits without a report raises RuntimeError with its output."""
+    with tempfile.TemporaryDirectory(prefix="realworld-report-") as tmp:
+        out = Path(tmp) / "grade.json"
+        cmd = [sys.executable, "-m", "harness", "grade", str(path), "--json", str(out)]
+        if tests:
+            cmd += ["--tests", ",".join(tests)]
+        cmd += extra or []
+        run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if not out.exists():
+            raise RuntimeError(
+                f"grade of {path} wrote no report (exit {run.returncode}):\n"
+                f"{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
+            )
+        report = json.loads(out.read_text())
+    report["exit_status"] = run.returncode
+    report["stdout"] = run.stdout
+    return report
+
+
+def grade_source(
+    source: str, name: str, tests: list[str] | None = None, extra: list[str] | None = None
+) -> dict[str, Any]:
+    """Grade `source` as a submission file `name`.py in a temporary folder."""
+    with tempfile.TemporaryDirectory(prefix="realworld-") as tmp:
+        path = Path(tmp) / f"{name.replace('-', '_')}.py"
+        path.write_text(source)
+        return grade_file(path, tests, extra)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, dict):
+        return "\n".join(f"{k}: {_text(v)}" for k, v in value.items())
+    if isinstance(value, list):
+        return "\n".join(_text(v) for v in value)
+    return "" if value is None else str(value)
+
+
+def summarize(report: dict[str, Any]) -> dict[str, Any]:
+    """score, max_score, the failing tests (in the report's order), each failing test's message,
+    and the diagnosis text: the report's diagnosis and every failing test's message."""
+    failing = [t["name"] for t in report["tests"] if t["outcome"] != "passed"]
+    messages = {t["name"]: t["message"] for t in report["tests"] if t["outcome"] != "passed"}
+    lines: list[str] = []  # every failing test's message, then the report's own diagnosis
+    for text in [f"{n}: {m}" for n, m in messages.items()] + [_text(report.get("diagnosis"))]:
+        for line in text.splitlines():
+            if line.strip() and line.strip() not in (seen.strip() for seen in lines):
+                lines.append(line)
+    return {
+        "score": report["score"],
+        "max_score": report["max_score"],
+        "failing": failing,
+        "messages": messages,
+        "diagnosis": "\n".join(lines),
+        "grader_error": report.get("grader_error", ""),
+        "rejected": report.get("rejected", ""),
+    }
+
+
+def judge(record: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """The summary against the record's expectation: missing (expected, passed), over (failed,
+    neither expected nor a dependent), dependent (failed dependents), whether the failing set is
+    exactly the expected one, the diagnosis entries not found, and the `absent` substrings
+    found (a false diagnosis)."""
+    expected = record["expected"]
+    failed, want = set(summary["failing"]), set(expected["failing"])
+    text = summary["diagnosis"].lower()
+
+    def found(entry: str | list[str]) -> bool:
+        return any(s.lower() in text for s in ([entry] if isinstance(entry, str) else entry))
+
+    return {
+        "match": failed == want,
+        "missing": sorted(want - failed),
+        "over": sorted(failed - want - set(expected.get("dependent", []))),
+        "dependent": sorted(failed & set(expected.get("dependent", []))),
+        "diagnosis_missing": [e for e in expected["diagnosis"] if not found(e)],
+        "diagnosis_false": [s for s in expected.get("absent", []) if s.lower() in text],
+    }
+
+
+def _short(names: list[str]) -> str:
+    return ",".join(n.removeprefix("test_") for n in names) or "-"
+
+
+def write_examples() -> list[Path]:
+    """Write the examples/ files that are variants (EXAMPLES) from variant_source."""
+    by_id = {r["id"]: r for r in load_variants()}
+    for vid, path in EXAMPLES.items():
+        path.write_text(variant_source(by_id[vid]))
+    return list(EXAMPLES.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("ids", nargs="*", help="variant ids or base file names (default: all)")
+    p.add_argument("--tests", help="comma-separated shared tests to run (default: all)")
+    p.add_argument("--no-bases", action="store_true", help="grade the variants only")
+    p.add_argument("--write-observed", action="store_true", help="update observed_today.json")
+    p.add_argument("--write-examples", action="store_true", help="rewrite the examples/ files")
+    p.add_argument("--json", type=Path, help="write every summary and verdict here")
+    args = p.parse_args(argv)
+    if args.write_examples:
+        for path in write_examples():
+            print(f"wrote {path.relative_to(ROOT)}")
+        if not args.ids and not args.write_observed:
+            return 0
+    tests = args.tests.split(",") if args.tests else None
+    records = load_variants()
+    jobs: list[tuple[str, str, dict[str, Any] | None]] = []
+    if not args.no_bases:
+        jobs += [(b, base_source(b), None) for b in bases() if not args.ids or b in args.ids]
+    chosen = [r for r in records if not args.ids or r["id"] in args.ids]
+    jobs += [(r["id"], variant_source(r), r) for r in chosen]
+    results, all_ok = {}, True
+    for name, source, record in jobs:
+        summary = summarize(grade_source(source, Path(name).stem, tests))
+        if record is None:
+            verdict = {"match": summary["failing"] == [], "over": summary["failing"]}
+            want = []
+        else:
+            verdict = judge(record, summary)
+            want = record["expected"]["failing"]
+        all_ok &= verdict["match"]
+        results[name] = {"summary": summary, "verdict": verdict}
+        score = f"{summary['score']:g}/{summary['max_score']:g}"
+        print(f"{name:32} {score:>8}  failing={_short(summary['failing'])}")
+        match = "yes" if verdict["match"] else "no"
+        print(f"{'':32} {'':8}  expected={_short(want)}  match={match}")
+        if record is not None and not verdict["match"]:
+            print(
+                f"{'':32} {'':8}  missing={_short(verdict['missing'])}  "
+                f"over={_short(verdict['over'])}  dependent={_short(verdict['dependent'])}"
+            )
+        if record is not None:
+            bad = verdict["diagnosis_missing"], verdict["diagnosis_false"]
+            ok = "yes" if not any(bad) else f"no (not found {bad[0]}, false {bad[1]})"
+            print(f"{'':32} {'':8}  diagnosis as expected: {ok}")
+        diag = summary["diagnosis"].replace("\n", "\n" + " " * 44)
+        print(f"{'':32} {'':8}  diagnosis: {diag or '-'}\n", flush=True)
+    if args.write_observed:
+        observed = json.loads(OBSERVED.read_text()) if OBSERVED.exists() else {}
+        for name, res in results.items():
+            s = res["summary"]
+            observed[name] = {
+                "failing": s["failing"],
+                "score": s["score"],
+                "max_score": s["max_score"],
+                "diagnosis": s["diagnosis"],
+            }
+        OBSERVED.write_text(json.dumps(observed, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {OBSERVED.relative_to(ROOT)}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+    return 0 if all_ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
