@@ -92,6 +92,9 @@ def judge(
             if not c.cause:
                 return Finding(where, contract, matched=c.label, own=c is candidates[0])
             return Finding(where, contract, cause=c.cause)
+    want = candidates[0].value
+    if got.shape != want.shape:  # a sequence-first layout, say
+        return Finding(where, contract, cause=f"shape {got.shape}, expected {want.shape}")
     return Finding(where, contract)
 
 
@@ -210,10 +213,11 @@ def embedding_causes(
     err = relative(got, lookups * math.sqrt(d) + pe, mask)
     if err <= FLOAT32_LEVEL:
         return (
-            f"; an error of {err:.2g} is float32 rounding: the positional table (or the "
-            "sqrt(d) factor) is computed in float32 while the model runs in float64. Compute "
-            "it in the parameters' dtype, e.g. register it as a buffer (persistent=False) so "
-            "that .double() converts it, or build it with the embedding's dtype"
+            f"; an error this small ({err:.2g} of the values' scale) is float32 rounding: the "
+            "positional table (or the sqrt(d) factor) is computed in float32 while the model "
+            "runs in float64. Compute it in the parameters' dtype, e.g. register it as a buffer "
+            "(persistent=False) so that .double() converts it, or build it with the embedding's "
+            "dtype"
         )
     return ""
 
@@ -491,8 +495,7 @@ def first_divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]
     a = Answer(params, inputs, outputs, list(answer["modules"]), tol)
     overall = relative(got, want, b["tgt_mask"])
     found = walk(a, b)
-    forms = sorted({f"{f.where} returns {f.matched}" for f in found if f.matched and not f.own})
-    shape = f" (module boundaries other than the contract's: {'; '.join(forms)})" if forms else ""
+    shape = boundaries([f for f in found if f.matched and not f.own])
     if overall <= tol:
         return f"the forward pass agrees with the oracle{shape}"
     departures = [f for f in found if f.departs]
@@ -516,6 +519,20 @@ def first_divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]
     if largest is not first and largest.error > 10 * first.error:
         line += f"; largest: {say(largest)}"
     return line + f"; the logits differ by {overall:.3g} (relative){shape}"
+
+
+def boundaries(found: list[Finding]) -> str:
+    """The module boundaries other than the contract's, once per kind of module: " (the
+    self_attn and cross_attn modules return LN(x + attention))"."""
+    kinds: dict[str, list[str]] = {}
+    for f in found:
+        kind = f.where.rsplit(".", 1)[-1]
+        if kind not in kinds.setdefault(f.matched, []):
+            kinds[f.matched].append(kind)
+    said = [f"the {' and '.join(k)} modules return {form}" for form, k in kinds.items()]
+    if not said:
+        return ""
+    return f" (boundaries other than the contract's, judged as such: {'; '.join(said)})"
 
 
 def say(f: Finding) -> str:
