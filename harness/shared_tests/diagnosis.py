@@ -123,6 +123,15 @@ def norm_candidates(z: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: flo
             "eps goes inside the square root, (x - mean) / sqrt(var + eps)",
         )
     )
+    out.append(
+        Candidate(
+            "the Annotated Transformer's",
+            zc / (np.sqrt(var * n / (n - 1)) + eps) * gamma + beta,
+            "a LayerNorm with the unbiased variance and eps added to the standard deviation, "
+            "(x - mean) / (x.std() + eps), the Annotated Transformer's: use the biased "
+            "variance with eps inside the square root, as nn.LayerNorm does",
+        )
+    )
     for other in COMMON_EPS:
         if other != eps:
             out.append(
@@ -370,7 +379,11 @@ def judge_layer(
         if f.departs:
             cause = f.cause or cause_in_layer(a, kind, prefix, sub, mask, args)
             other = placement(a, kind, prefix, x, args, mask)
-            found.append(dataclasses.replace(f, cause=other or cause))
+            if other:  # the whole layer is the other placement: said of the layer
+                error = relative(np.asarray(a.outputs.get(prefix, out)), out, mask)
+                found.append(Finding(prefix, error, cause=other))
+            else:
+                found.append(dataclasses.replace(f, cause=cause))
             return found
         found.append(f)
     if prefix in a.outputs:
@@ -396,8 +409,8 @@ def placement(a: Answer, kind: str, prefix: str, x: np.ndarray, args: tuple, mas
         return ""
     said = {"post": "LN(x + F(x))", "pre": "x + F(LN(x))"}
     return (
-        f"{prefix} computes {other.norm}-LN, {said[other.norm]}, though cfg.norm is "
-        f"'{spec.norm}': {said[spec.norm]}"
+        f"the LayerNorm placement: {prefix} computes {other.norm}-LN, {said[other.norm]}, "
+        f"though cfg.norm is '{spec.norm}': {said[spec.norm]}"
     )
 
 

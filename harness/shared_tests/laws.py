@@ -49,8 +49,8 @@ from harness.shared_tests.verdicts import (
     tolerance,
     unwrapped,
 )
-from oracle.model import embed
-from oracle.ops import log_softmax
+from oracle.model import embed, output_logits
+from oracle.ops import layer_norm, log_softmax
 
 # --- the tests --------------------------------------------------------------------------------
 
@@ -321,19 +321,17 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
         ("source", "encoder.0", params.src_table, b["src"], b["src_mask"]),
         ("target", "decoder.0", params.tgt_table, b["tgt_in"], b["tgt_mask"]),
     ):
-        got = r["x0" if side == "source" else "y0"]
-        if got is None:
-            raise Failure(
-                f"no submodule named {layer} (or torch's {layer.replace('.', '.layers.')}) "
-                f"received the {side} embeddings: the contract's module names (CONTRACT.md) "
-                "are how x0 is seen"
-            )
+        got = hooked = r["x0" if side == "source" else "y0"]
         want = embed(params, table, ids)
         what = f"{side} x0 = E[ids] sqrt(d) + PE (the input of {layer})"
+        if hooked is None:
+            got, want, what = through_final_norm(r, cfg, side, want)
+        last = "feature" if want.shape[-1] == cfg["d_model"] else "token"
         try:
-            assert_close(what, got, want, tol, mask=mask, axes=("row", "position", "feature"))
+            assert_close(what, got, want, tol, mask=mask, axes=("row", "position", last))
         except Failure as e:
-            raise Failure(f"{e}{embedding_causes(got, params, table, ids, mask, tol)}") from None
+            causes = "" if hooked is None else embedding_causes(got, params, table, ids, mask, tol)
+            raise Failure(f"{e}{causes}") from None
     # N(0, 1/d): 256 x 16 draws estimate the std to about 1.1%; 10% is eight of those
     big = config(src_vocab=256, tgt_vocab=256, n_enc=1, n_dec=1)
     start = read_params(call("state_dict", cfg=big, seed=17)["state_dict"], big)
@@ -341,6 +339,22 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
     std, want_std = float(table.std()), big["d_model"] ** -0.5
     if abs(std / want_std - 1) > 0.10:
         raise Failure(f"embedding table std {std:.4f} at init, expected 1/sqrt(d) = {want_std:.4f}")
+
+
+def through_final_norm(r: dict, cfg: dict, side: str, x0: np.ndarray) -> tuple:
+    """x0 seen without module hooks (no layer module is ever called): the probe zeroed every
+    out_proj and linear2 of the pre-LN model, so encode gives enc_norm(x0) and the logits are
+    dec_norm(y0) W_out^T. (got, want, what) for that comparison: it also sees the final norms
+    and the output layer, the price of a submission with no contract module to hook."""
+    zeroed = read_params(r["zeroed_state_dict"], cfg)
+    a = zeroed.arrays
+    if side == "source":
+        want = layer_norm(x0, a["enc_norm.weight"], a["enc_norm.bias"], cfg["ln_eps"])
+        what = "encode of the model whose sublayers output 0 (no layer module was called), "
+        return r["zeroed_memory"], want, what + "enc_norm(E[src] sqrt(d) + PE)"
+    y = layer_norm(x0, a["dec_norm.weight"], a["dec_norm.bias"], cfg["ln_eps"])
+    what = "logits of the model whose sublayers output 0, dec_norm(E[tgt] sqrt(d) + PE) W_out^T"
+    return r["zeroed_logits"], output_logits(zeroed, y), what
 
 
 @law(
@@ -531,6 +545,34 @@ def decoding_setup(call: Call, cfg: dict, seed: int, src: np.ndarray, max_len: i
     return weights, params, choose_eos(params, src, max_len)
 
 
+def decoding_paths(paths: list[list[int]]) -> dict[str, np.ndarray]:
+    """bos + each path, right-padded, with its own mask (a path may hold the pad id)."""
+    width = 1 + max(len(p) for p in paths)
+    tgt_in = np.full((len(paths), width), PAD)
+    tgt_mask = np.zeros((len(paths), width), dtype=bool)
+    for i, p in enumerate(paths):
+        tgt_in[i, : len(p) + 1] = [BOS, *p]
+        tgt_mask[i, : len(p) + 1] = True
+    return {"tgt_in": tgt_in, "tgt_mask": tgt_mask}
+
+
+def forward_first(r: dict, params: Any, src: np.ndarray, paths: dict[str, np.ndarray]) -> None:
+    """A decoding test compares the subject's search with the oracle's on the same weights; when
+    the subject's forward pass already differs from the oracle's there, the search cannot be
+    judged: that is the golden test's charge (a documented dependency)."""
+    want = oracle.forward(params, src, paths["tgt_in"], src != PAD, paths["tgt_mask"])
+    got = r.get("forward_along_paths")
+    if got is None or np.shape(got) != want.shape:
+        return
+    err, scale = errors(np.asarray(got, dtype=np.float64), want, paths["tgt_mask"])
+    if err.max(initial=0.0) > tolerance(r["dtype"], "logits") * scale:
+        raise Failure(
+            "not judged: test_golden_torch must pass first (on this test's weights the forward "
+            f"pass differs from the oracle's by {err.max():.3g}, so the decoded tokens cannot be "
+            "compared with the oracle's search)"
+        )
+
+
 @law(
     "test_translate_is_greedy_with_beam_one_and_drops_eos",
     "beam 1 equals an argmax loop; no eos; mode restored; save/load gives the same logits",
@@ -556,6 +598,7 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
         max_len=max_len,
         settings=[[1, 1.0]],
         train_mode=True,
+        paths=(paths := decoding_paths(want)),
     )
     got = r["outputs"][0]
     for row, (g, w, m) in enumerate(zip(got, want, margins, strict=True)):
@@ -563,6 +606,7 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
             raise Failure(f"row {row}: translate returned {g}, which holds eos={eos}")
         # compare where every argmax beats the runner-up beyond float64 rounding
         if m > tolerance("float64", "logits") * 10 and g != w:
+            forward_first(r, params, src, paths)
             raise Failure(f"row {row}: beam_size=1 gave {g}, the argmax loop gives {w}")
     if not r["training_after"][0]:
         raise Failure("translate left a model that was training in eval mode")
@@ -612,6 +656,7 @@ def check_beam_search_matches_oracle(call: Call) -> None:
         max_len=max_len,
         settings=settings,
         train_mode=False,
+        paths=(paths := decoding_paths(greedy(params, src, eos, max_len)[0])),
     )
     mask = src != PAD
     memory = oracle.encode(params, src, mask)
@@ -628,6 +673,7 @@ def check_beam_search_matches_oracle(call: Call) -> None:
             want = best[:-1] if best and best[-1] == eos else best
             compared += 1
             if got[row] != want:
+                forward_first(r, params, src, paths)
                 raise Failure(
                     f"beam_size={beam}, length_penalty={penalty}, row {row}: translate gave "
                     f"{got[row]}, the pinned beam search gives {want} (score margin "

@@ -283,12 +283,25 @@ def embedding_stream(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict
     # gradients stay enabled: under no_grad torch's own layers may take a fused path
     model(_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
     first = {k: (v["inputs"][0] if v["inputs"] else None) for k, v in seen.items()}
-    return {
+    answer = {
         "dtype": dtype,
         "state_dict": _state_dict(model),
         "x0": first.get("encoder.0"),
         "y0": first.get("decoder.0"),
     }
+    if answer["x0"] is None or answer["y0"] is None:
+        # no layer module is called (a functional style): the pre-LN model with every out_proj
+        # and linear2 zeroed, so each residual adds 0 and encode gives enc_norm(x0)
+        state = model.state_dict()
+        for name, t in state.items():
+            if ".out_proj." in name or ".linear2." in name:
+                t.zero_()
+        model.load_state_dict(state)
+        with torch.no_grad():
+            answer["zeroed_memory"] = _np(model.encode(_t(src), _t(src_mask)))
+            answer["zeroed_logits"] = _np(model(_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask)))
+        answer["zeroed_state_dict"] = _state_dict(model)
+    return answer
 
 
 @probe
@@ -367,9 +380,13 @@ def load_weights(model: torch.nn.Module, weights: dict[str, np.ndarray]) -> None
 
 
 @probe
-def translations(module, cfg, weights, src, bos, eos, pad_id, max_len, settings, train_mode):
+def translations(
+    module, cfg, weights, src, bos, eos, pad_id, max_len, settings, train_mode, paths=None
+):
     """translate under each (beam_size, length_penalty) with the parent's weights loaded, the
-    training mode it leaves, and a save_transformer / load_transformer round trip."""
+    training mode it leaves, a save_transformer / load_transformer round trip, and the forward
+    logits along the parent's decoding `paths` ({"tgt_in", "tgt_mask"}), so the parent can tell
+    a search fault from a forward-pass fault."""
     model, dtype = build(module, cfg, 0)
     load_weights(model, weights)
     model.train(train_mode)
@@ -394,7 +411,11 @@ def translations(module, cfg, weights, src, bos, eos, pad_id, max_len, settings,
             header = sorted(k for k in json.loads(raw[8 : 8 + n]) if k != "__metadata__")
         loaded = module.load_transformer(tmp).eval()
         after = loaded(src, tgt, mask, ones)
+        along = None
+        if paths is not None:
+            along = _np(model(src, _t(paths["tgt_in"]), mask, _t(paths["tgt_mask"])))
     return {
+        "forward_along_paths": along,
         "dtype": dtype,
         "outputs": outputs,
         "training_after": modes,
