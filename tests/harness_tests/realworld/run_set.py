@@ -13,8 +13,8 @@ default "prepend" import mode puts that folder on sys.path):
 
     from realworld import run_set
     for record in run_set.load_variants():
-        report = run_set.grade_source(run_set.variant_source(record), record["id"])
-        verdict = run_set.judge(record, run_set.summarize(report))
+        summary, verdict = run_set.check_variant(record)  # grade_source + summarize + judge
+        assert verdict["match"] and not verdict["diagnosis_missing"], (record["id"], summary)
 """
 
 from __future__ import annotations
@@ -138,18 +138,25 @@ def summarize(report: dict[str, Any]) -> dict[str, Any]:
         "failing": failing,
         "messages": messages,
         "diagnosis": "\n".join(lines),
+        "seconds": report.get("seconds"),
         "grader_error": report.get("grader_error", ""),
         "rejected": report.get("rejected", ""),
     }
 
 
-def judge(record: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+def judge(
+    record: dict[str, Any], summary: dict[str, Any], ran: set[str] | None = None
+) -> dict[str, Any]:
     """The summary against the record's expectation: missing (expected, passed), over (failed,
     neither expected nor a dependent), dependent (failed dependents), whether the failing set is
     exactly the expected one, the diagnosis entries not found, and the `absent` substrings
-    found (a false diagnosis)."""
+    found (a false diagnosis). `ran`: the tests that were run, when only some were (the
+    expectation is restricted to them)."""
     expected = record["expected"]
     failed, want = set(summary["failing"]), set(expected["failing"])
+    dependent = set(expected.get("dependent", []))
+    if ran is not None:
+        want, dependent = want & ran, dependent & ran
     text = summary["diagnosis"].lower()
 
     def found(entry: str | list[str]) -> bool:
@@ -158,11 +165,19 @@ def judge(record: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
     return {
         "match": failed == want,
         "missing": sorted(want - failed),
-        "over": sorted(failed - want - set(expected.get("dependent", []))),
-        "dependent": sorted(failed & set(expected.get("dependent", []))),
+        "over": sorted(failed - want - dependent),
+        "dependent": sorted(failed & dependent),
         "diagnosis_missing": [e for e in expected["diagnosis"] if not found(e)],
         "diagnosis_false": [s for s in expected.get("absent", []) if s.lower() in text],
     }
+
+
+def check_variant(
+    record: dict[str, Any], tests: list[str] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Grade one variant (all shared tests, or `tests`): its summary and judge's verdict."""
+    summary = summarize(grade_source(variant_source(record), record["id"], tests))
+    return summary, judge(record, summary, set(tests) if tests else None)
 
 
 def _short(names: list[str]) -> str:
@@ -205,12 +220,13 @@ def main(argv: list[str] | None = None) -> int:
             verdict = {"match": summary["failing"] == [], "over": summary["failing"]}
             want = []
         else:
-            verdict = judge(record, summary)
-            want = record["expected"]["failing"]
+            verdict = judge(record, summary, set(tests) if tests else None)
+            want = [t for t in record["expected"]["failing"] if not tests or t in tests]
         all_ok &= verdict["match"]
         results[name] = {"summary": summary, "verdict": verdict}
         score = f"{summary['score']:g}/{summary['max_score']:g}"
-        print(f"{name:32} {score:>8}  failing={_short(summary['failing'])}")
+        took = f"{summary['seconds']:.1f} s" if summary["seconds"] is not None else ""
+        print(f"{name:32} {score:>8}  failing={_short(summary['failing'])}  ({took})")
         match = "yes" if verdict["match"] else "no"
         print(f"{'':32} {'':8}  expected={_short(want)}  match={match}")
         if record is not None and not verdict["match"]:

@@ -149,8 +149,8 @@ VARIANTS: list[dict] = [
             "diagnosis": ["encoder.0.norm2"],
             "absent": ["first divergence: encoder.0.self_attn"],
             "notes": "encoder.{i}.self_attn returns LN(x + attention): it must not be reported "
-            "as diverging. The first departure is encoder.0.norm2 (error ~1e-6..1e-4 relative: "
-            "eps 1e-6 vs 1e-5, and vs 1e-3 in the golden pre-LN config). Also "
+            "as diverging. The first departure is encoder.0.norm2 (eps 1e-6 instead of 1e-5, "
+            "or of 1e-3 in the golden pre-LN config; the post-LN logits move by 1.2e-5). Also "
             "examples/annotated_submission.py.",
         },
     },
