@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -515,23 +516,113 @@ def first_divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]
     end = logits_finding(a, got, want, b["tgt_mask"])
     if end.departs:
         departures.append(end)
-    if not outputs:
-        return (
-            f"the logits differ by {overall:.3g} (relative); no submodule carries the "
-            "contract's module names, so the diagnosis cannot locate it"
+    if not outputs or not departures:
+        # nothing hooked to locate it by, or nothing hooked departs: the whole-model hypotheses
+        fits = hypothesis(params, b, got, tol)
+        where = (
+            "no submodule carrying the contract's module names is called, so no module is located"
+            if not outputs
+            else "every hooked module computes the contract's function of its own input"
         )
-    if not departures:
-        return (
-            f"the logits differ by {overall:.3g} (relative), but every hooked module computes "
-            "the contract's function of its own input: the fault is between them (a residual, "
-            f"a scale, an unhooked step){shape}"
-        )
+        said = f"the logits match the contract's model where {fits}" if fits else where
+        if fits and outputs:
+            said += f" ({where})"
+        return f"the logits differ by {overall:.3g} (relative): {said}{shape}"
     first = departures[0]
     line = f"first divergence: {say(first)}"
     largest = max(departures, key=lambda f: f.error)
     if largest is not first and largest.error > 10 * first.error:
         line += f"; largest: {say(largest)}"
     return line + f"; the logits differ by {overall:.3g} (relative){shape}"
+
+
+# --- without hooks: whole-model hypotheses -----------------------------------------------------
+
+
+def variant_forward(params: Any, b: dict, eps: dict[str, float], spec: Any = None) -> np.ndarray:
+    """The contract's forward pass with `spec` for the layers and, per LayerNorm (a layer's
+    prefix, 'enc_norm' or 'dec_norm'), its own eps: the model a hypothesis describes."""
+    spec = spec or params.spec
+    a = params.arrays
+    at = dataclasses.replace
+    x = embed(dataclasses.replace(params, spec=spec), params.src_table, b["src"])
+    enc_mask = source_attention_mask(b["src_mask"])
+    for i in range(spec.n_enc):
+        s = at(spec, ln_eps=eps.get(f"encoder.{i}", spec.ln_eps))
+        x, _ = encoder_layer(x, params.layer(f"encoder.{i}"), enc_mask, s)
+    if spec.norm == "pre":
+        x = layer_norm(
+            x, a["enc_norm.weight"], a["enc_norm.bias"], eps.get("enc_norm", spec.ln_eps)
+        )
+    y = embed(dataclasses.replace(params, spec=spec), params.tgt_table, b["tgt_in"])
+    self_mask = target_attention_mask(b["tgt_mask"])
+    for i in range(spec.n_dec):
+        s = at(spec, ln_eps=eps.get(f"decoder.{i}", spec.ln_eps))
+        y, _ = decoder_layer(y, x, params.layer(f"decoder.{i}"), self_mask, enc_mask, s)
+    if spec.norm == "pre":
+        y = layer_norm(
+            y, a["dec_norm.weight"], a["dec_norm.bias"], eps.get("dec_norm", spec.ln_eps)
+        )
+    return output_logits(dataclasses.replace(params, spec=spec), y)
+
+
+def hypotheses(params: Any, b: dict) -> Iterator[tuple[str, np.ndarray]]:
+    """(cause, logits) for the classic whole-model faults, one at a time."""
+    spec = params.spec
+    at = dataclasses.replace
+    norms = [f"encoder.{i}" for i in range(spec.n_enc)] + [
+        f"decoder.{i}" for i in range(spec.n_dec)
+    ]
+    if spec.norm == "pre":
+        norms += ["enc_norm", "dec_norm"]
+    for other in COMMON_EPS:
+        if other == spec.ln_eps:
+            continue
+        yield (
+            f"every LayerNorm has eps {other:g}, not cfg.ln_eps = {spec.ln_eps:g}",
+            variant_forward(params, b, dict.fromkeys(norms, other)),
+        )
+        for name in norms:
+            what = f"the LayerNorms of {name}" if "." in name else name
+            yield (
+                f"{what} has eps {other:g}, not cfg.ln_eps = {spec.ln_eps:g}: pass "
+                "eps=cfg.ln_eps to every LayerNorm",
+                variant_forward(params, b, {name: other}),
+            )
+    other = "post" if spec.norm == "pre" else "pre"
+    if other == "post":
+        yield (
+            f"the LayerNorm placement: the layers compute post-LN though cfg.norm is '{spec.norm}'",
+            variant_forward(params, b, {}, at(spec, norm="post")),
+        )
+    yield (
+        "the feed-forward's activation is GELU: the contract's is ReLU",
+        variant_forward(params, b, {}, at(spec, activation="gelu")),
+    )
+    yield (
+        "the embeddings are not multiplied by sqrt(d_model)",
+        variant_forward(params, b, {}, at(spec, embed_scale=1.0)),
+    )
+    pe32 = positional_encoding(spec.max_len, spec.d_model).astype(np.float32).astype(np.float64)
+    yield (
+        "the positional table is rounded to float32: compute it in the parameters' dtype",
+        variant_forward(params, b, {}, at(spec, pos_table=pe32)),
+    )
+    want = variant_forward(params, b, {})
+    yield (
+        "the logits are log-probabilities (log_softmax applied): return the raw logits",
+        log_softmax(want),
+    )
+
+
+def hypothesis(params: Any, b: dict, got: np.ndarray, tol: float) -> str:
+    """The classic fault whose whole model gives the subject's logits, if one does. float32
+    rounding of the table is matched at float32's level, the others at the test's tolerance."""
+    for cause, logits in hypotheses(params, b):
+        bound = FLOAT32_LEVEL if "float32" in cause else tol
+        if relative(got, logits, b["tgt_mask"]) <= bound:
+            return cause
+    return ""
 
 
 def boundaries(found: list[Finding]) -> str:

@@ -323,3 +323,19 @@ def test_values_are_read_through_a_wrapper_an_output_bias_and_automatic_final_no
     # what nothing forgives stays the names test's: the value tests say they cannot judge
     with pytest.raises(Failure, match="not judged: test_parameter_names_follow_the_norm"):
         verdicts.read_params({**weights, "encoder.0.extra.weight": bias}, cfg)
+
+
+def test_without_hooks_the_whole_model_hypotheses_name_the_fault():
+    # a submission whose modules are never called (a functional style): nothing is hooked, so
+    # the diagnosis asks which classic whole-model fault gives the subject's logits
+    module = variant(
+        ("self.enc_norm = nn.LayerNorm(d, eps=cfg.ln_eps)", "self.enc_norm = nn.LayerNorm(d)")
+    )
+    for name, cfg, b in golden_inputs():
+        answer = probes.module_outputs(module, cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b))
+        answer.update(outputs={}, inputs={}, modules=[])
+        line = diagnosis.first_divergence(answer, cfg, b)
+        if cfg["norm"] == "pre" and cfg["ln_eps"] != 1e-5:
+            assert "match the contract's model where enc_norm has eps 1e-05" in line, line
+        else:
+            assert line == "the forward pass agrees with the oracle", (name, line)
