@@ -408,8 +408,8 @@ def names_advice(cfg: dict, missing: list[str], extra: list[str], buffers: list[
         head = heads.pop() + "."
         if {k[len(head) :] for k in extra if k.startswith(head)} >= set(missing):
             advice.append(
-                f"every name is under '{head}': make the contract's modules attributes of the "
-                "Transformer itself, not of a wrapped model"
+                f"every name has the prefix '{head}' (the model sits in a wrapper module): make "
+                "the contract's modules attributes of the Transformer itself"
             )
     if "out.bias" in extra:
         advice.append("the output layer has a bias: nn.Linear(d_model, tgt_vocab, bias=False)")

@@ -253,7 +253,7 @@ NAMES = "test_parameter_names_follow_the_norm"
     [
         ([BUFFER], "", "pe is a persistent buffer: register with persistent=False"),
         (OUTPUT_BIAS, "", "the output layer has a bias: nn.Linear(d_model, tgt_vocab, bias=False)"),
-        ([], WRAPPED, "every name is under 'transformer.'"),
+        ([], WRAPPED, "every name has the prefix 'transformer.'"),
     ],
     ids=["persistent buffer", "output bias", "transformer. prefix"],
 )
