@@ -256,54 +256,23 @@ def layer_candidates(
     """For each sublayer of a layer recomputed from its input x: the accepted values at its
     output boundary (the contract's own first)."""
     t = {k[len(prefix) + 1 :]: v for k, v in trace.items() if k.startswith(prefix + ".")}
+    subs = ("self_attn", "cross_attn") if kind == "decoder" else ("self_attn",)
+    norms = {"self_attn": "norm1", "cross_attn": "norm2", "ff": f"norm{len(subs) + 1}"}
+    post = norm == "post"
     forms: dict[str, list[Candidate]] = {}
-    first = "self_attn"
-    attn_norms = {"self_attn": "norm1", "cross_attn": "norm2"}
-    if kind == "decoder":
-        ffn_norm = "norm3"
-    else:
-        ffn_norm = "norm2"
-    if norm == "post":
-        stream = x
-        for sub in ("self_attn", "cross_attn") if kind == "decoder" else (first,):
-            after = t[attn_norms[sub]]
-            forms[sub] = [
-                Candidate("the attention", t[sub]),
-                Candidate("x + attention", stream + t[sub]),
-                Candidate("LN(x + attention)", after),
-            ]
-            forms[attn_norms[sub]] = [Candidate("LN(x + attention)", after)]
-            stream = after
-        forms["linear1"] = [
-            Candidate("linear1", t["linear1"]),
-            Candidate("relu", relu(t["linear1"])),
-        ]
-        forms["linear2"] = [
-            Candidate("the feed-forward", t["linear2"]),
-            Candidate("x + feed-forward", stream + t["linear2"]),
-            Candidate("LN(x + feed-forward)", t[ffn_norm]),
-        ]
-        forms[ffn_norm] = [Candidate("LN(x + feed-forward)", t[ffn_norm])]
-    else:
-        stream = x
-        subs = ("self_attn", "cross_attn") if kind == "decoder" else (first,)
-        norms = {"self_attn": "norm1", "cross_attn": "norm2"}
-        for sub in subs:
-            forms[norms[sub]] = [Candidate("LN(x)", t[norms[sub]])]
-            forms[sub] = [
-                Candidate("the attention", t[sub]),
-                Candidate("x + attention", stream + t[sub]),
-            ]
-            stream = stream + t[sub]
-        forms[ffn_norm] = [Candidate("LN(x)", t[ffn_norm])]
-        forms["linear1"] = [
-            Candidate("linear1", t["linear1"]),
-            Candidate("relu", relu(t["linear1"])),
-        ]
-        forms["linear2"] = [
-            Candidate("the feed-forward", t["linear2"]),
-            Candidate("x + feed-forward", stream + t["linear2"]),
-        ]
+    stream = x  # the residual stream before each sublayer
+    for sub, what in [(s, "attention") for s in subs] + [("linear2", "feed-forward")]:
+        n = norms["ff" if sub == "linear2" else sub]
+        out = t[sub]
+        forms[sub] = [Candidate(f"the {what}", out), Candidate(f"x + {what}", stream + out)]
+        if post:  # the norm after the residual: LN(x + F(x)), which a sublayer may return
+            forms[sub].append(Candidate(f"LN(x + {what})", t[n]))
+            forms[n] = [Candidate(f"LN(x + {what})", t[n])]
+            stream = t[n]
+        else:  # the norm before the sublayer: F(LN(x))
+            forms[n] = [Candidate("LN(x)", t[n])]
+            stream = stream + out
+    forms["linear1"] = [Candidate("linear1", t["linear1"]), Candidate("relu", relu(t["linear1"]))]
     return forms
 
 
