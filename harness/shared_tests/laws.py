@@ -726,5 +726,207 @@ def check_learns_reversed_addition(call: Call) -> None:
         )
 
 
+# --- dropout at each site, and the KV cache (appended: new laws) -----------------------------
+
+# The false-alarm budget of the dropout-site test, split evenly over its rate checks (a union
+# bound): each check's two-sided Hoeffding bound P(|k/n - p| >= e) <= 2 exp(-2 n e^2) sets e.
+DROPOUT_FALSE_ALARM = 1e-6
+
+
+def rate_margin(n: int, checks: int) -> float:
+    """The e with 2 exp(-2 n e^2) = DROPOUT_FALSE_ALARM / checks: an honest site's fraction of
+    dropped elements lies within e of the rate but with probability below that share."""
+    return math.sqrt(math.log(2 * checks / DROPOUT_FALSE_ALARM) / (2 * n))
+
+
+# Each sublayer's residual: (stack, norm) -> [(site, before, after, sublayer)], where after -
+# before is the sublayer's output after its dropout; (module, "in"/"out") names what a hook saw
+# ("" is the layer itself).
+RESIDUALS = {
+    ("encoder", "post"): [
+        ("encoder self-attention output", ("", "in"), ("norm1", "in"), "self_attn"),
+        ("encoder feed-forward output", ("norm1", "out"), ("norm2", "in"), "linear2"),
+    ],
+    ("encoder", "pre"): [
+        ("encoder self-attention output", ("", "in"), ("norm2", "in"), "self_attn"),
+        ("encoder feed-forward output", ("norm2", "in"), ("", "out"), "linear2"),
+    ],
+    ("decoder", "post"): [
+        ("decoder self-attention output", ("", "in"), ("norm1", "in"), "self_attn"),
+        ("decoder cross-attention output", ("norm1", "out"), ("norm2", "in"), "cross_attn"),
+        ("decoder feed-forward output", ("norm2", "out"), ("norm3", "in"), "linear2"),
+    ],
+    ("decoder", "pre"): [
+        ("decoder self-attention output", ("", "in"), ("norm2", "in"), "self_attn"),
+        ("decoder cross-attention output", ("norm2", "in"), ("norm3", "in"), "cross_attn"),
+        ("decoder feed-forward output", ("norm3", "in"), ("", "out"), "linear2"),
+    ],
+}
+
+
+def residual_sites(cfg: dict) -> Iterator[tuple[str, tuple[str, str], tuple[str, str], str]]:
+    """RESIDUALS for every layer of cfg, with the modules' full contract names."""
+    for stack, n in (("encoder", cfg["n_enc"]), ("decoder", cfg["n_dec"])):
+        for i in range(n):
+            layer = f"{stack}.{i}"
+
+            def full(sub: str, layer: str = layer) -> str:
+                return f"{layer}.{sub}" if sub else layer
+
+            for site, (b, b_end), (a, a_end), sub in RESIDUALS[(stack, cfg["norm"])]:
+                yield site, (full(b), b_end), (full(a), a_end), full(sub)
+
+
+def dropout_observations(r: dict, cfg: dict) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+    """site -> [(got, want)]: what the training pass gave at the site, and what it would give
+    with nothing dropped (each element: 0 when dropped, want when kept)."""
+    p, train, evals = cfg["dropout"], r["train"], r["eval"]
+
+    def seen(where: dict, name: str, end: str) -> np.ndarray:
+        try:
+            return np.asarray(where[name][end], dtype=np.float64)
+        except KeyError:
+            raise Failure(
+                f"no {'input' if end == 'in' else 'output'} of the contract's module {name} was "
+                "seen in a forward pass: its dropout cannot be observed"
+            ) from None
+
+    sites: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for stack in ("encoder", "decoder"):
+        # the first layer's input is the embedded sequence after its dropout
+        site = f"embeddings ({'source' if stack == 'encoder' else 'target'})"
+        got, want = seen(train, f"{stack}.0", "in"), seen(evals, f"{stack}.0", "in") / (1 - p)
+        sites[site] = [(got, want)]
+    for site, before, after, sub in residual_sites(cfg):
+        got = seen(train, *after) - seen(train, *before)
+        sites.setdefault(site, []).append((got, seen(train, sub, "out") / (1 - p)))
+    for stack, n in (("encoder", cfg["n_enc"]), ("decoder", cfg["n_dec"])):
+        for i in range(n):
+            hidden = np.maximum(seen(train, f"{stack}.{i}.linear1", "out"), 0.0)
+            got = seen(train, f"{stack}.{i}.linear2", "in")
+            sites.setdefault(f"inside the {stack} feed-forward", []).append((got, hidden / (1 - p)))
+    return sites
+
+
+def dropped_heads(r: dict, cfg: dict, params: Any) -> dict[str, np.ndarray]:
+    """site -> bool per (row, query, head) of queries that read exactly one key: is that head's
+    output exactly zero? One readable key has softmax weight 1, so the head outputs that key's
+    value, or nothing when the weight is dropped; out_proj's inverse (read from the weights)
+    splits an attention output into its heads."""
+    h = cfg["n_heads"]
+    out: dict[str, list[np.ndarray]] = {}
+    single = [
+        ("encoder self-attention weights", "encoder", cfg["n_enc"], "self_attn", slice(None)),
+        ("decoder self-attention weights", "decoder", cfg["n_dec"], "self_attn", slice(0, 1)),
+        ("cross-attention weights", "decoder", cfg["n_dec"], "cross_attn", slice(None)),
+    ]
+    for site, stack, n, attn, queries in single:
+        for i in range(n):
+            name = f"{stack}.{i}.{attn}"
+            if "out" not in r["train"].get(name, {}):
+                raise Failure(f"no output of the contract's module {name} was seen in training")
+            a = np.asarray(r["train"][name]["out"], dtype=np.float64)[:, queries]  # [B, Q, d]
+            w = params.arrays[f"{name}.out_proj.weight"]
+            b = params.arrays[f"{name}.out_proj.bias"]
+            heads = np.linalg.solve(w, (a - b).reshape(-1, a.shape[-1]).T).T  # rows of concat
+            heads = heads.reshape(*a.shape[:-1], h, -1)
+            # solving with W rounds to about eps * cond(W) of the heads' scale; 1e3 times that
+            eps = np.finfo(np.float32 if r["dtype"] == "float32" else np.float64).eps
+            zero = 1e3 * eps * np.linalg.cond(w) * max(1.0, float(np.abs(heads).max()))
+            out.setdefault(site, []).append(np.abs(heads).max(axis=-1) <= zero)
+    return {site: np.concatenate([m.ravel() for m in masks]) for site, masks in out.items()}
+
+
+@law(
+    "test_dropout_at_every_site",
+    "training mode drops embeddings, attention weights, sublayer outputs and the feed-forward's "
+    "hidden units at the configured rate, scaling the rest by 1/(1 - p)",
+    timeout=20.0,
+)
+def check_dropout_at_every_site(call: Call) -> None:
+    # One training pass at p = 0.5 against an eval pass of the same model, seen through hooks on
+    # the contract's modules: at each site every element is either 0 (dropped) or its undropped
+    # value / (1 - p) (kept), and the dropped fraction is p within a Hoeffding margin. A one-key
+    # source (S = 1) makes every encoder and cross-attention query read one key, whose weight
+    # is 1: dropping it zeroes that head's output, which out_proj's inverse shows.
+    p = 0.5
+    rng = np.random.default_rng(25)
+    results = []
+    for norm in ("post", "pre"):
+        cfg = config(dropout=p, norm=norm)
+        b = forward_inputs(batch(rng, cfg, src_lens=[1] * 64, tgt_lens=[6] * 64))
+        r = call("dropout_sites", cfg=cfg, seed=26, **b, draw=27)
+        params = read_params(r["state_dict"], cfg)
+        tol = tolerance(r["dtype"], "reorder")
+        for site, pairs in dropout_observations(r, cfg).items():
+            got = np.concatenate([g.ravel() for g, _ in pairs])
+            want = np.concatenate([w.ravel() for _, w in pairs])
+            scale = max(1.0, float(np.abs(want).max()))
+            dropped = np.abs(got) <= tol * scale
+            kept = np.abs(got - want) <= tol * scale
+            neither = np.flatnonzero(~dropped & ~kept)
+            if len(neither):
+                i = neither[0]
+                raise Failure(
+                    f"{norm}-LN, {site}: an element is {got[i]:.8g} in training mode, neither 0 "
+                    f"(dropped) nor its value without dropout / (1 - p) = {want[i]:.8g} (kept); "
+                    f"{len(neither)} of {len(got)} elements are neither"
+                )
+            seen_ = dropped != kept  # an element whose undropped value is 0 tells nothing
+            results.append((norm, site, int(dropped[seen_].sum()), int(seen_.sum())))
+        for site, zero in dropped_heads(r, cfg, params).items():
+            results.append((norm, site, int(zero.sum()), len(zero)))
+    for norm, site, k, n in results:
+        margin = rate_margin(n, len(results))
+        if not abs(k / n - p) < margin:
+            raise Failure(
+                f"{norm}-LN, {site}: {k} of {n} elements dropped in training mode ({k / n:.3f}), "
+                f"expected the rate {p} within {margin:.3f} (an honest model lands outside with "
+                f"probability below {DROPOUT_FALSE_ALARM / len(results):.1e})"
+            )
+
+
+# decode_step's matrix-product work (FLOPs) may grow with the position by what attending to one
+# more cached key costs, 4 d per decoder layer (scores and weighted values), but not by what one
+# more prefix row through a single d x d projection costs, 2 d^2: the bound d^2 per layer and
+# position sits between them (8x above the cache's growth at d = 32, 2x below the least a
+# recomputed prefix adds).
+@law(
+    "test_decode_step_reads_a_kv_cache",
+    "decode_step's work does not grow with the prefix beyond attending to cached keys",
+    timeout=20.0,
+)
+def check_decode_step_reads_a_kv_cache(call: Call) -> None:
+    cfg = config(d_model=32, n_heads=4, d_ff=64, n_enc=1, n_dec=2)
+    rng = np.random.default_rng(28)
+    b = batch(rng, cfg, src_lens=[5, 3], tgt_lens=[10, 10])
+    r = call(
+        "decode_step_work",
+        cfg=cfg,
+        seed=29,
+        src=b["src"],
+        src_mask=b["src_mask"],
+        tgt_in=b["tgt_in"],
+    )
+    flops = r["flops"]
+    if len(flops) != b["tgt_in"].shape[1]:
+        raise Failure(f"{len(flops)} decode_step calls counted for {b['tgt_in'].shape[1]}")
+    if not min(flops) > 0:
+        raise Failure(
+            f"decode_step's matrix products counted {flops} FLOPs per step: its work cannot be "
+            "measured (no torch matrix product ran)"
+        )
+    # from position 1 on (position 0 may project the encoder's output once for the cache)
+    d, rows = cfg["d_model"], b["tgt_in"].shape[0]
+    slope = (flops[-1] - flops[1]) / (len(flops) - 2) / rows
+    bound = cfg["n_dec"] * d * d
+    if not slope <= bound:
+        raise Failure(
+            f"decode_step's work grows by {slope:.0f} FLOPs per position and row (steps: {flops}), "
+            f"above the {bound} that attending to one more cached key stays below: it recomputes "
+            "the prefix instead of reading a KV cache"
+        )
+
+
 SHARED_TESTS: tuple[Test, ...] = tuple(REGISTRY)
 BY_NAME = {t.name: t for t in SHARED_TESTS}

@@ -437,3 +437,84 @@ def module_outputs(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[s
         "outputs": outputs,
         "logits": _np(logits),
     }
+
+
+def _first(value: Any) -> Any:
+    """A module's input or output as the hooks read it: a tuple by its first element."""
+    return value[0] if isinstance(value, tuple) and value else value
+
+
+@probe
+def dropout_sites(module, cfg, seed, src, tgt_in, src_mask, tgt_mask, draw) -> dict[str, Any]:
+    """What enters and leaves each contract-named submodule in one forward pass in eval mode,
+    then in one in training mode (torch.manual_seed(draw) first), with gradients enabled (under
+    no_grad torch's own layers take a fused path that skips their submodules' hooks).
+
+    For each pass: {name: {"in": first positional input, "out": output}} of the module's first
+    call (a tuple counts by its first element); and the state_dict, whose out_proj weights let
+    the parent split an attention output into its heads.
+    """
+    model, dtype = build(module, cfg, seed)
+    inputs = (_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
+    seen: dict[str, dict[str, np.ndarray]] = {}
+
+    def hooks(name: str):
+        def before(mod: torch.nn.Module, args: Any) -> None:
+            first = _first(args)
+            if isinstance(first, torch.Tensor) and "in" not in seen.setdefault(name, {}):
+                seen[name]["in"] = _np(first)
+
+        def after(mod: torch.nn.Module, args: Any, out: Any) -> None:
+            first = _first(out)
+            if isinstance(first, torch.Tensor) and "out" not in seen.setdefault(name, {}):
+                seen[name]["out"] = _np(first)
+
+        return before, after
+
+    for name, sub in model.named_modules():
+        if _CONTRACT_NAME.match(contract_name(name)):
+            before, after = hooks(contract_name(name))
+            sub.register_forward_pre_hook(before)
+            sub.register_forward_hook(after)
+    passes = {}
+    for mode in ("eval", "train"):
+        seen = {}
+        model.train(mode == "train")
+        torch.manual_seed(draw)
+        model(*inputs)
+        passes[mode] = seen
+    return {"dtype": dtype, "state_dict": _state_dict(model), **passes}
+
+
+@probe
+def train_eval_logits(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+    """One model's logits in eval mode and in training mode, with gradients enabled (the same
+    path in both modes: under no_grad torch's own layers take a fused path in eval mode only)."""
+    model, dtype = build(module, cfg, seed)
+    inputs = (_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
+    out = {}
+    for mode in ("eval", "train"):
+        model.train(mode == "train")
+        torch.manual_seed(0)
+        out[mode] = _np(model(*inputs))
+    return {"dtype": dtype, **out}
+
+
+@probe
+def decode_step_work(module, cfg, seed, src, src_mask, tgt_in) -> dict[str, Any]:
+    """The floating-point operations of matrix products (torch's FlopCounterMode: mm, addmm, bmm,
+    attention kernels) in each decode_step call, position by position from init_state."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, dtype = build(module, cfg, seed)
+    src, src_mask, tgt_in = _t(src), _t(src_mask), _t(tgt_in)
+    flops = []
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        state = model.init_state(src_mask)
+        for t in range(tgt_in.shape[1]):
+            counter = FlopCounterMode(display=False)
+            with counter:
+                _, state = model.decode_step(tgt_in[:, t], memory, state)
+            flops.append(int(counter.get_total_flops()))
+    return {"dtype": dtype, "flops": flops}
