@@ -659,7 +659,8 @@ DROPOUT_VISIBLE = 1e-6
 
 @law(
     "test_dropout_only_in_training",
-    "dropout acts in training mode, with new masks each pass, and never in eval mode",
+    "dropout acts in training mode, with new masks each pass, never in eval mode, and not at all "
+    "at dropout=0",
     timeout=20.0,
 )
 def check_dropout_only_in_training(call: Call) -> None:
@@ -684,6 +685,16 @@ def check_dropout_only_in_training(call: Call) -> None:
             f"two training-mode passes gave the same logits (max change {change:.3g}): "
             "dropout draws no new masks"
         )
+    # at dropout 0 training mode computes what eval mode does: the same bits (gradients on, so
+    # torch's own layers take the same path in both modes)
+    zero = {**cfg, "dropout": 0.0}
+    r = call("train_eval_logits", cfg=zero, seed=24, **b)
+    assert_equal_bits(
+        "dropout=0: training-mode logits vs eval-mode logits",
+        r["train"],
+        r["eval"],
+        ("row", "position", "token"),
+    )
 
 
 def heldout_loss(call: Call, setup: dict[str, Any], seed: int) -> float:
@@ -867,10 +878,12 @@ def check_dropout_at_every_site(call: Call) -> None:
             neither = np.flatnonzero(~dropped & ~kept)
             if len(neither):
                 i = neither[0]
+                undropped = np.abs(got - want * (1 - p)) <= tol * scale
+                hint = ": nothing is dropped here" if undropped[neither].all() else ""
                 raise Failure(
                     f"{norm}-LN, {site}: an element is {got[i]:.8g} in training mode, neither 0 "
                     f"(dropped) nor its value without dropout / (1 - p) = {want[i]:.8g} (kept); "
-                    f"{len(neither)} of {len(got)} elements are neither"
+                    f"{len(neither)} of {len(got)} elements are neither{hint}"
                 )
             seen_ = dropped != kept  # an element whose undropped value is 0 tells nothing
             results.append((norm, site, int(dropped[seen_].sum()), int(seen_.sum())))
