@@ -528,6 +528,8 @@ def translate(
     """Beam search per source row (CONTRACT.md, translate); beam_size=1 is greedy argmax."""
     if beam_size < 1 or max_len < 0:
         raise ValueError(f"need beam_size >= 1 and max_len >= 0, got {beam_size}, {max_len}")
+    if max_len > model.cfg.max_len:
+        raise ValueError(f"max_len {max_len} exceeds the model's max_len {model.cfg.max_len}")
     was_training = model.training
     model.eval()
     try:

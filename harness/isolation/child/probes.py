@@ -267,7 +267,12 @@ def _fit(module, model, data, seed, **kw) -> dict[str, Any]:
         callback=lambda step, rate, loss: calls.append([float(step), float(rate), float(loss)]),
         **kw,
     )
-    return {"losses": [float(x) for x in losses], "calls": calls, "training": model.training}
+    return {
+        "losses": [float(x) for x in losses],
+        "types": sorted({type(x).__name__ for x in losses} | {type(losses).__name__}),
+        "calls": calls,
+        "training": model.training,
+    }
 
 
 @probe
@@ -278,14 +283,17 @@ def fit_runs(module, cfg, seed, data, steps, batch, warmup, factor, lr, fit_seed
     init = {name: t.clone() for name, t in model.state_dict().items()}
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor}
     runs = {}
-    for name, mode, extra in (
-        ("noam", True, {}),
-        ("noam_again", True, {}),
-        ("constant", True, {"lr": lr}),
-        ("from_eval", False, {}),
+    for global_seed, (name, mode, extra) in enumerate(
+        (
+            ("noam", True, {}),
+            ("noam_again", True, {}),
+            ("constant", True, {"lr": lr}),
+            ("from_eval", False, {}),
+        )
     ):
         model.load_state_dict(init)
         model.train(mode)
+        torch.manual_seed(1000 + global_seed)  # fit's draws come from its seed, not from this
         runs[name] = _fit(module, model, data, fit_seed, **kw, **extra)
     model.load_state_dict(init)
     model.train()
@@ -373,6 +381,66 @@ def bad_inputs(module, cfg, seed) -> dict[str, Any]:
         "source row with no real token": _raised(lambda: model(src, tgt, torch.zeros_like(ok), ok)),
         "target row with padding at bos": _raised(
             lambda: model(src, tgt, ok, T([[False, True, True]]))
+        ),
+        **_bad_inputs_past_forward(module, model, cfg, src, tgt, ok),
+    }
+
+
+def _bad_inputs_past_forward(module, model, cfg, src, tgt, ok) -> dict[str, Any]:
+    """The bad inputs of CONTRACT.md's table through the other entry points: decode, init_state,
+    decode_step, fit and translate."""
+    with torch.no_grad():
+        memory = model.encode(src, ok)
+    T = torch.tensor
+    long_tgt = torch.ones(1, cfg["max_len"] + 1, dtype=torch.long)
+    two = (src.repeat(2, 1), ok.repeat(2, 1))
+
+    def steps(n: int) -> None:
+        state = model.init_state(ok)
+        for _ in range(n):
+            _, state = model.decode_step(T([1]), memory, state)
+
+    return {
+        # not errors: decoding reaches position max_len - 1, and translate max_len tokens
+        "accepted: decode_step at positions 0 .. max_len - 1": _raised(
+            lambda: steps(cfg["max_len"])
+        ),
+        "accepted: translate with the model's max_len": _raised(
+            lambda: module.translate(model, src, 1, 2, 0, cfg["max_len"])
+        ),
+        "decode: tgt_mask not bool": _raised(lambda: model.decode(tgt, memory, ok, ok.float())),
+        "decode: src_mask not bool": _raised(lambda: model.decode(tgt, memory, ok.long(), ok)),
+        "decode: tgt_mask shape differs from tgt_in": _raised(
+            lambda: model.decode(tgt, memory, ok, ok[:, :2])
+        ),
+        "decode: src_mask shape differs from memory": _raised(
+            lambda: model.decode(tgt, memory, ok[:, :2], ok)
+        ),
+        "decode: batch sizes differ": _raised(
+            lambda: model.decode(tgt, memory.repeat(2, 1, 1), two[1], ok)
+        ),
+        "decode: target longer than max_len": _raised(
+            lambda: model.decode(long_tgt, memory, ok, torch.ones_like(long_tgt, dtype=torch.bool))
+        ),
+        "decode: source row with no real token": _raised(
+            lambda: model.decode(tgt, memory, torch.zeros_like(ok), ok)
+        ),
+        "init_state: src_mask not bool": _raised(lambda: model.init_state(ok.long())),
+        "init_state: source row with no real token": _raised(
+            lambda: model.init_state(torch.zeros_like(ok))
+        ),
+        "decode_step: y_prev of another batch size": _raised(
+            lambda: model.decode_step(T([1, 1]), memory, model.init_state(ok))
+        ),
+        "decode_step: memory of another batch size": _raised(
+            lambda: model.decode_step(T([1]), memory.repeat(2, 1, 1), model.init_state(ok))
+        ),
+        "decode_step: past max_len": _raised(lambda: steps(cfg["max_len"] + 1)),
+        "fit: src and tgt rows differ": _raised(
+            lambda: module.fit(model, two[0], tgt, steps=1, batch=2, pad_id=0)
+        ),
+        "translate: max_len past the model's": _raised(
+            lambda: module.translate(model, src, 1, 2, 0, cfg["max_len"] + 1)
         ),
     }
 
