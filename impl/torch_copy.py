@@ -403,7 +403,9 @@ def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> floa
 
 def make_optimizer(model: nn.Module) -> torch.optim.Adam:
     """Adam with beta (0.9, 0.98), epsilon 1e-9, no weight decay (paper, 5.3)."""
-    return torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
+    return torch.optim.Adam(
+        model.parameters(), betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, foreach=True
+    )
 
 
 def fit(

@@ -793,13 +793,35 @@ def check_dropout_only_in_training(call: Call) -> None:
     )
 
 
-def heldout_loss(call: Call, setup: dict[str, Any], seed: int) -> float:
+# The learning test ends training early once the subject's own held-out loss, checked every
+# LEARN_CHECK_EVERY updates, is at most LEARN_STOP_FRACTION of the bar: a correct subject crosses
+# the bar after 300-500 of the 600 updates (impl's curve, seed 0: 0.91 at 300, 0.49 at 350), so
+# this saves about 40% of the test's time; the oracle's verdict on the weights stays as before.
+# The fraction leaves 5% for a correct float32 model's own loss to differ from the oracle's
+# (rounding: ~1e-6 of it).
+LEARN_CHECK_EVERY = 25
+LEARN_STOP_FRACTION = 0.95
+
+
+def heldout_loss(
+    call: Call, setup: dict[str, Any], seed: int, stop_below: float | None = None
+) -> float:
     """Train the subject as the setup says, then the oracle's cross-entropy of its trained
     weights on the held-out sums (teacher forcing, the oracle's causal forward pass): neither the
-    subject's own logits nor its own loss enter the verdict."""
+    subject's own logits nor its own loss enter the verdict. With stop_below, training ends at
+    the first check where the subject's own held-out loss is at most that (see `learn`)."""
     inputs = addition_inputs(setup)
     cfg = setup["config"]
-    r = call("learn", cfg=cfg, seed=seed, data=inputs["data"], **setup["recipe"])
+    stop = None
+    if stop_below is not None:
+        stop = {
+            "src": inputs["eval_src"],
+            "tgt": inputs["eval_tgt"],
+            "pad_id": PAD,
+            "every": LEARN_CHECK_EVERY,
+            "below": stop_below,
+        }
+    r = call("learn", cfg=cfg, seed=seed, data=inputs["data"], **setup["recipe"], stop=stop)
     # read in the untied form, each table a subject lists once standing for those it is tied to:
     # how the tables are tied is the names and embeddings tests' to charge, not this test's
     weights = dict(r["state_dict"])
@@ -817,18 +839,21 @@ def heldout_loss(call: Call, setup: dict[str, Any], seed: int) -> float:
 
 @law(
     "test_learns_reversed_addition",
-    "600 updates on two-digit reversed addition reach impl's held-out loss bar",
+    "within 600 updates on two-digit reversed addition the held-out loss reaches impl's bar",
     timeout=90.0,
     points=10,
 )
 def check_learns_reversed_addition(call: Call) -> None:
-    # 600 updates on two-digit reversed addition reach impl's held-out loss bar.
+    # Within 600 updates on two-digit reversed addition the held-out loss reaches impl's bar
+    # (training ends early once the subject's own held-out loss is well below it).
     setup = learning_setup()
-    loss = heldout_loss(call, setup, seed=setup["seeds"][0])
     bar = setup["bar"]
+    loss = heldout_loss(call, setup, seed=setup["seeds"][0], stop_below=LEARN_STOP_FRACTION * bar)
     if not loss <= bar:
         raise Failure(
-            f"held-out loss {loss:.4f} after {setup['recipe']['steps']} updates, above the bar "
+            f"held-out loss {loss:.4f} after up to {setup['recipe']['steps']} updates (ended "
+            f"early only where the model's own held-out loss was below "
+            f"{LEARN_STOP_FRACTION * bar:.4f}), above the bar "
             f"{bar:.4f} ({setup['derivation']})"
         )
 

@@ -445,16 +445,56 @@ def _bad_inputs_past_forward(module, model, cfg, src, tgt, ok) -> dict[str, Any]
     }
 
 
+class _Stop(Exception):
+    """Raised from fit's callback to end training early."""
+
+
 @probe
-def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr):
+def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr, stop=None):
     """fit for `steps` updates; the trained weights, which the parent judges with the oracle
-    (never the subject's own logits or loss)."""
+    (never the subject's own logits or loss).
+
+    stop (optional) {"src", "tgt", "pad_id", "every", "below"}: after every `every`-th update the
+    model's own eval-mode cross-entropy on those rows is computed here (numpy's log-softmax of
+    its logits), and fit is ended once it is at most `below`. Only when to stop rests on the
+    subject's numbers; the verdict is the parent's, on the weights. Eval-mode passes draw no
+    random numbers, so the updates run are the same as without the checks.
+    """
     torch.manual_seed(seed)
     # the model's own dtype (float32 as users train it): a learning bar, not a rounding check
     model = module.Transformer(module.TransformerConfig(**cfg))
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
-    run = _fit(module, model, data, seed, **kw)
-    return {"losses": run["losses"], "state_dict": _state_dict(model)}
+    updates = [0]
+
+    def own_loss() -> float:
+        src, tgt, pad = _t(stop["src"]), _t(stop["tgt"]), stop["pad_id"]
+        tgt_in, tgt_out = tgt[:, :-1], stop["tgt"][:, 1:]
+        model.eval()
+        try:
+            with torch.no_grad():
+                z = _np(model(src, tgt_in, src != pad, tgt_in != pad))
+        finally:
+            model.train()
+        z = z - z.max(axis=-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+        real = tgt_out != pad
+        picked = np.take_along_axis(logp, tgt_out[..., None], axis=-1)[..., 0]
+        return float(-(picked * real).sum() / real.sum())
+
+    def callback(step, rate, loss) -> None:
+        updates[0] = int(step) + 1
+        if stop is not None and updates[0] % stop["every"] == 0 and own_loss() <= stop["below"]:
+            raise _Stop
+
+    try:
+        losses = module.fit(
+            model, _t(data["src"]), _t(data["tgt"]), pad_id=data["pad_id"], seed=seed,
+            callback=callback, **kw,
+        )  # fmt: skip
+        losses = [float(x) for x in losses]
+    except _Stop:
+        losses = None
+    return {"losses": losses, "updates": updates[0], "state_dict": _state_dict(model)}
 
 
 # torch's nn.TransformerEncoder/Decoder names (the torch copy's) -> the contract's.
