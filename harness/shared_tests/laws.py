@@ -682,6 +682,7 @@ def check_validation(call: Call) -> None:
     # Bad input gives the contract's error class, never a silent answer.
     want: dict[str, str | None] = {
         "norm is not 'post' or 'pre'": "ValueError",
+        "d_model not divisible by n_heads": "ValueError",
         "src_mask not bool": "TypeError",
         "tgt_mask not bool": "TypeError",
         "encode mask not bool": "TypeError",

@@ -369,6 +369,9 @@ def bad_inputs(module, cfg, seed) -> dict[str, Any]:
         "norm is not 'post' or 'pre'": _raised(
             lambda: module.Transformer(module.TransformerConfig(**{**cfg, "norm": "side"}))
         ),
+        "d_model not divisible by n_heads": _raised(
+            lambda: module.TransformerConfig(**{**cfg, "n_heads": cfg["d_model"] // 2 + 1})
+        ),
         "src_mask not bool": _raised(lambda: model(src, tgt, ok.long(), ok)),
         "tgt_mask not bool": _raised(lambda: model(src, tgt, ok, ok.float())),
         "encode mask not bool": _raised(lambda: model.encode(src, ok.int())),
