@@ -291,12 +291,14 @@ def test_order(tests: tuple[Test, ...]) -> list[Test]:
     return [t for t in tests if t.name not in _LAST] + [t for t in tests if t.name in _LAST]
 
 
-def run_mutant(m: Mutation, source: str, tests: list[Test]) -> dict[str, Any]:
-    """The mutant through the tests until one kills it: its status and the killing test."""
+def run_mutant(m: Mutation, source: str, tests: list[Test], every: bool = False) -> dict[str, Any]:
+    """The mutant through the tests until one kills it (every: through all of them): its status,
+    the first killing test and (every) all of them."""
     launch = Launch(forked, {"source": m.apply(source), "filename": f"{SOURCE_PATH} [{m.key}]"})
     start = time.monotonic()
     worker = None
     result: dict[str, Any] = {"status": "survived", "killed_by": None, "message": ""}
+    killers: dict[str, str] = {}
     try:
         for test in tests:
             if worker is None:
@@ -307,9 +309,16 @@ def run_mutant(m: Mutation, source: str, tests: list[Test]) -> dict[str, Any]:
                     break
             cell = run_test(test, worker)
             if cell.outcome.detected:
-                status = "killed" if cell.outcome is Outcome.KILLED else "timeout"
-                result = {"status": status, "killed_by": test.name, "message": cell.message[:300]}
-                break
+                killers[test.name] = cell.message[:300]
+                if result["killed_by"] is None:
+                    status = "killed" if cell.outcome is Outcome.KILLED else "timeout"
+                    result = {
+                        "status": status,
+                        "killed_by": test.name,
+                        "message": killers[test.name],
+                    }
+                if not every:
+                    break
             if cell.outcome is Outcome.ERROR:
                 worker.close()
                 worker = None
@@ -317,6 +326,8 @@ def run_mutant(m: Mutation, source: str, tests: list[Test]) -> dict[str, Any]:
         if worker is not None:
             worker.close()
     result["seconds"] = round(time.monotonic() - start, 2)
+    if every:
+        result["killers"] = killers
     return result
 
 
@@ -402,6 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="mutants at once")
     parser.add_argument("--only", metavar="KEYS", help="comma-separated mutant keys (a rerun)")
     parser.add_argument("--list", action="store_true", help="print the mutants; run nothing")
+    parser.add_argument(
+        "--every-test", action="store_true", help="run every test on each mutant (all killers)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "generic_mutants.json")
     parser.add_argument(
         "--retriage", action="store_true", help="re-read the triage file into --out; run nothing"
@@ -436,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(m: Mutation) -> dict[str, Any]:
         r = {"key": m.key, **{k: v for k, v in asdict(m).items() if k not in ("start", "end")}}
-        r.update(run_mutant(m, source, tests))
+        r.update(run_mutant(m, source, tests, every=args.every_test))
         print(f"{r['status']:<8} {r['seconds']:6.1f} s  {m.key}  {r['killed_by']}", flush=True)
         return r
 
