@@ -453,6 +453,14 @@ def check_fit_follows_the_schedule_and_is_reproducible(call: Call) -> None:
             raise Failure(f"fit({name}) returned {run['types']}: a list of Python floats expected")
     if r["runs"]["from_eval"]["training"]:
         raise Failure("fit left a model that was in eval mode in training mode")
+    no_steps, batch_one = r["runs"]["no_steps"], r["runs"]["batch_one"]
+    if no_steps["losses"] != [] or no_steps["moved"] != 0.0:
+        raise Failure(
+            f"fit(steps=0) returned {no_steps['losses']} and moved the weights by "
+            f"{no_steps['moved']:.3g}: zero updates expected"
+        )
+    if len(batch_one["losses"]) != 2:
+        raise Failure(f"fit(steps=2, batch=1) returned {len(batch_one['losses'])} losses")
     # the runs start from different global random states and modes: fit trains in training mode
     # with draws from its seed alone, so the losses are the same bits
     first = r["runs"]["noam"]["losses"]
@@ -518,7 +526,8 @@ def decoding_setup(call: Call, cfg: dict, seed: int, src: np.ndarray, max_len: i
 
 @law(
     "test_translate_is_greedy_with_beam_one_and_drops_eos",
-    "beam 1 equals an argmax loop; no eos; mode restored; save/load gives the same logits",
+    "beam 1 equals an argmax loop; no eos; no gradients; mode restored; save/load gives the same "
+    "logits",
     timeout=30.0,
     points=6,
 )
@@ -551,6 +560,8 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
             raise Failure(f"row {row}: beam_size=1 gave {g}, the argmax loop gives {w}")
     if not r["training_after"][0]:
         raise Failure("translate left a model that was training in eval mode")
+    if r["grad_during"]:
+        raise Failure("translate ran the model's modules with gradients enabled (no_grad expected)")
     want_files = ["config.json", "model.safetensors"]
     if r["files"] != want_files:
         raise Failure(f"save_transformer wrote {r['files']}: expected exactly {want_files}")
@@ -697,6 +708,7 @@ def check_validation(call: Call) -> None:
         "decode: src_mask not bool": "TypeError",
         "decode: tgt_mask shape differs from tgt_in": "ValueError",
         "decode: src_mask shape differs from memory": "ValueError",
+        "decode: src_mask of more rows than memory": "ValueError",
         "decode: batch sizes differ": "ValueError",
         "decode: target longer than max_len": "ValueError",
         "decode: source row with no real token": "ValueError",

@@ -295,6 +295,13 @@ def fit_runs(module, cfg, seed, data, steps, batch, warmup, factor, lr, fit_seed
         model.train(mode)
         torch.manual_seed(1000 + global_seed)  # fit's draws come from its seed, not from this
         runs[name] = _fit(module, model, data, fit_seed, **kw, **extra)
+    # edge sizes the contract allows: no update at all, and batches of one row
+    model.load_state_dict(init)
+    runs["no_steps"] = _fit(module, model, data, fit_seed, **{**kw, "steps": 0})
+    runs["no_steps"]["moved"] = max(
+        float((t - init[n]).abs().max()) for n, t in model.state_dict().items()
+    )
+    runs["batch_one"] = _fit(module, model, data, fit_seed, **{**kw, "steps": 2, "batch": 1})
     model.load_state_dict(init)
     model.train()
     one = _fit(module, model, data, fit_seed, **{**kw, "steps": 1})
@@ -318,10 +325,19 @@ def translations(module, cfg, weights, src, bos, eos, pad_id, max_len, settings,
     model.train(train_mode)
     src = _t(src)
     outputs, modes = [], []
+    # whether any contract module ran with gradients enabled during translate
+    grad_seen: list[bool] = []
+    handles = [
+        sub.register_forward_pre_hook(lambda *_: grad_seen.append(torch.is_grad_enabled()))
+        for name, sub in model.named_modules()
+        if _CONTRACT_NAME.match(contract_name(name))
+    ]
     for beam, penalty in settings:
         out = module.translate(model, src, bos, eos, pad_id, max_len, beam, penalty)
         outputs.append([[int(tok) for tok in row] for row in out])
         modes.append(model.training)
+    for handle in handles:
+        handle.remove()
     model.eval()
     mask = src != pad_id
     tgt = torch.full((src.shape[0], 1), bos)
@@ -341,6 +357,8 @@ def translations(module, cfg, weights, src, bos, eos, pad_id, max_len, settings,
         "dtype": dtype,
         "outputs": outputs,
         "training_after": modes,
+        "grad_during": any(grad_seen),
+        "modules_seen": len(grad_seen),
         "files": files,
         "safetensors_keys": header,
         "state_dict_keys": sorted(model.state_dict()),
@@ -418,6 +436,9 @@ def _bad_inputs_past_forward(module, model, cfg, src, tgt, ok) -> dict[str, Any]
         ),
         "decode: src_mask shape differs from memory": _raised(
             lambda: model.decode(tgt, memory, ok[:, :2], ok)
+        ),
+        "decode: src_mask of more rows than memory": _raised(
+            lambda: model.decode(tgt.repeat(2, 1), memory, two[1], ok.repeat(2, 1))
         ),
         "decode: batch sizes differ": _raised(
             lambda: model.decode(tgt, memory.repeat(2, 1, 1), two[1], ok)
