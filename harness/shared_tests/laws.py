@@ -420,7 +420,10 @@ def check_fit_follows_the_schedule_and_is_reproducible(call: Call) -> None:
     rng = np.random.default_rng(7)
     b = batch(rng, cfg, src_lens=[6, 5, 4, 3] * 5, tgt_lens=[5, 4, 3, 6, 2] * 4)
     tgt = np.concatenate([b["tgt_in"], b["tgt_out"][:, -1:]], axis=1)
-    data = {"src": b["src"], "tgt": tgt, "pad_id": PAD}
+    # the pad id is the largest id here, not 0: masks must compare with it for equality
+    swap = np.arange(cfg["src_vocab"])
+    swap[[PAD, -1]] = swap[[-1, PAD]]
+    data = {"src": swap[b["src"]], "tgt": swap[tgt], "pad_id": int(swap[PAD])}
     steps, warmup, factor, lr = 6, 4, 1.0, 0.01
     r = call(
         "fit_runs",
@@ -560,6 +563,8 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
             raise Failure(f"row {row}: beam_size=1 gave {g}, the argmax loop gives {w}")
     if not r["training_after"][0]:
         raise Failure("translate left a model that was training in eval mode")
+    if not set(r["types"]) <= {"list", "int"}:
+        raise Failure(f"translate returned {r['types']}: a list of lists of Python ints expected")
     if r["grad_during"]:
         raise Failure("translate ran the model's modules with gradients enabled (no_grad expected)")
     want_files = ["config.json", "model.safetensors"]

@@ -340,6 +340,10 @@ def report(data: dict[str, Any]) -> str:
         f"Command: `{data['command']}`",
         f"Run: {data['date']}, {data['wall_s']:.0f} s wall, {data['jobs']} workers; "
         f"load average before: {data['load_before']}.",
+        *[
+            f"Rerun after tests changed: `{r['command']}` ({r['date']})."
+            for r in data.get("reruns", [])
+        ],
         "",
         f"- generated: {t['generated']} first-order mutants of `{SOURCE_PATH}` (after dropping "
         "those that do not compile and duplicates)",
@@ -356,7 +360,7 @@ def report(data: dict[str, Any]) -> str:
         "| --- | --- | --- | --- |",
     ]
     for op, c in sorted(data["per_operator"].items()):
-        lines.append(f"| {op} | {c['run']} | {c['killed']} | {c['survived']} |")
+        lines.append(f"| {op} | {c['run']} | {c.get('killed', 0)} | {c.get('survived', 0)} |")
     lines += ["", "## Killing tests", "", "| test | mutants killed first |", "| --- | --- |"]
     for test, n in sorted(data["first_killers"].items(), key=lambda kv: -kv[1]):
         lines.append(f"| {test} | {n} |")
@@ -456,6 +460,25 @@ def main(argv: list[str] | None = None) -> int:
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         records = list(pool.map(one, chosen))
+    if args.only and args.out.exists():
+        # a rerun of some mutants (after a test changed): their records replace the earlier ones
+        data = json.loads(args.out.read_text())
+        fresh = {r["key"]: r for r in records}
+        data["mutants"] = [fresh.pop(r["key"], r) for r in data["mutants"]] + list(fresh.values())
+        for r in data["mutants"]:
+            r.pop("triage", None)
+        command = "python -m harness.tools.generic_mutants " + " ".join(
+            argv if argv is not None else sys.argv[1:]
+        )
+        data.setdefault("reruns", []).append(
+            {"command": command, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+        )
+        data.update(summarize(data["mutants"], triage))
+        data["totals"]["generated"] = data["generated"]
+        args.out.write_text(json.dumps(data, indent=1) + "\n")
+        args.out.with_suffix(".md").write_text(report(data))
+        print(report(data).split("## Per operator")[0])
+        return 0
     data = {
         "command": "python -m harness.tools.generic_mutants "
         + " ".join(argv if argv is not None else sys.argv[1:]),

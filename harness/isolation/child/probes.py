@@ -332,10 +332,13 @@ def translations(module, cfg, weights, src, bos, eos, pad_id, max_len, settings,
         for name, sub in model.named_modules()
         if _CONTRACT_NAME.match(contract_name(name))
     ]
+    types: set[str] = set()
     for beam, penalty in settings:
         out = module.translate(model, src, bos, eos, pad_id, max_len, beam, penalty)
         outputs.append([[int(tok) for tok in row] for row in out])
         modes.append(model.training)
+        types |= {type(out).__name__} | {type(row).__name__ for row in out}
+        types |= {type(tok).__name__ for row in out for tok in row}
     for handle in handles:
         handle.remove()
     model.eval()
@@ -357,6 +360,7 @@ def translations(module, cfg, weights, src, bos, eos, pad_id, max_len, settings,
         "dtype": dtype,
         "outputs": outputs,
         "training_after": modes,
+        "types": sorted(types),
         "grad_during": any(grad_seen),
         "modules_seen": len(grad_seen),
         "files": files,
