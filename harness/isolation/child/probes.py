@@ -442,7 +442,7 @@ def _bad_inputs_past_forward(module, model, cfg, src, tgt, ok) -> dict[str, Any]
             lambda: model.decode(tgt, memory, ok[:, :2], ok)
         ),
         "decode: src_mask of more rows than memory": _raised(
-            lambda: model.decode(tgt.repeat(2, 1), memory, two[1], ok.repeat(2, 1))
+            lambda: model.decode(tgt, memory, two[1], ok)
         ),
         "decode: batch sizes differ": _raised(
             lambda: model.decode(tgt, memory.repeat(2, 1, 1), two[1], ok)
