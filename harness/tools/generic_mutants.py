@@ -101,7 +101,10 @@ class Mutation:
 
     @property
     def key(self) -> str:
-        """A stable name: operator, place and change (the triage file's key)."""
+        """A stable name: operator, place and change (the triage file's key); a hand-made one
+        by its name and line."""
+        if self.operator.startswith("hand_"):
+            return f"{self.operator}@{self.line}"
         return f"{self.operator}@{self.line}:{self.col}:{self.replacement}"
 
     def apply(self, source: str) -> str:
@@ -265,6 +268,45 @@ def generate(source: str) -> list[Mutation]:
     for m in found:
         unique.setdefault(m.apply(source), m)
     return list(unique.values())
+
+
+# Hand-made mutants for the README's clause -> test table, where no generated operator breaks
+# exactly one clause (a call unwrapped, a constant scaled): (name, text of impl, replacement).
+HAND = (
+    ("no_embedding_dropout", "        return self.dropout(x)\n", "        return x\n"),
+    (
+        "no_encoder_self_attention_output_dropout",
+        "    def _sa_block(self, x: Tensor, mask: Tensor) -> Tensor:\n"
+        "        return self.dropout(self.self_attn(x, x, mask))",
+        "    def _sa_block(self, x: Tensor, mask: Tensor) -> Tensor:\n"
+        "        return self.self_attn(x, x, mask)",
+    ),
+    (
+        "embedding_std_1.4_percent_off",
+        "std=d**-0.5)",
+        "std=1.014 * d**-0.5)",
+    ),
+    (
+        "linear2_not_called_as_a_module",
+        "return self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x)))))",
+        "return self.dropout(F.linear(self.dropout(F.relu(self.linear1(x))), "
+        "self.linear2.weight, self.linear2.bias))",
+    ),
+)
+
+
+def hand_mutants(source: str) -> list[Mutation]:
+    """HAND as mutations of the source (each text occurs exactly once)."""
+    out = []
+    offset = _Offsets(source)
+    for name, old, new in HAND:
+        if source.count(old) != 1:
+            raise ValueError(f"hand mutant {name}: its text occurs {source.count(old)} times")
+        start = source.index(old)
+        line = source.count("\n", 0, start) + 1
+        col = start - offset(line, 0) + 1
+        out.append(Mutation(f"hand_{name}", line, col, old, new, start, start + len(old)))
+    return out
 
 
 def sample(mutants: list[Mutation], n: int | None, seed: int) -> list[Mutation]:
@@ -441,11 +483,19 @@ def main(argv: list[str] | None = None) -> int:
     chosen = sample(mutants, args.sample, args.seed)
     if args.only:
         keys = set(args.only.split(","))
-        chosen = [m for m in mutants if m.key in keys]
+        chosen = [m for m in mutants + hand_mutants(source) if m.key in keys]
+        missing = keys - {m.key for m in chosen}
+        if missing:
+            print(f"no such mutants: {sorted(missing)}", file=sys.stderr)
+            return 2
     if args.list:
         for m in chosen:
             print(f"{m.key}\t{m.original!r}")
-        print(f"{len(chosen)} of {len(mutants)} mutants", file=sys.stderr)
+        for m in hand_mutants(source):
+            print(f"{m.key}\t{m.original!r}")
+        print(
+            f"{len(chosen)} of {len(mutants)} mutants (and {len(HAND)} hand-made)", file=sys.stderr
+        )
         return 0
     tests = test_order(SHARED_TESTS)
     load_before = " ".join(Path("/proc/loadavg").read_text().split()[:3])
