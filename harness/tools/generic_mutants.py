@@ -287,6 +287,11 @@ HAND = (
         "std=1.014 * d**-0.5)",
     ),
     (
+        "logits_in_float32",
+        "        return F.linear(y, self.out_weight())",
+        "        return F.linear(y.float(), self.out_weight().float()).to(y.dtype)",
+    ),
+    (
         "linear2_not_called_as_a_module",
         "return self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x)))))",
         "return self.dropout(F.linear(self.dropout(F.relu(self.linear1(x))), "
@@ -457,7 +462,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=None, help="run a stratified sample of N")
     parser.add_argument("--seed", type=int, default=0, help="the sample's seed")
     parser.add_argument("--jobs", type=int, default=2, help="mutants at once")
-    parser.add_argument("--only", metavar="KEYS", help="comma-separated mutant keys (a rerun)")
+    parser.add_argument(
+        "--only",
+        metavar="KEYS",
+        help="comma-separated mutant keys, or @FILE of one a line (a rerun)",
+    )
     parser.add_argument("--list", action="store_true", help="print the mutants; run nothing")
     parser.add_argument(
         "--every-test", action="store_true", help="run every test on each mutant (all killers)"
@@ -482,7 +491,10 @@ def main(argv: list[str] | None = None) -> int:
     mutants = generate(source)
     chosen = sample(mutants, args.sample, args.seed)
     if args.only:
-        keys = set(args.only.split(","))
+        if args.only.startswith("@"):  # a file of keys, one a line (keys may hold commas)
+            keys = set(Path(args.only[1:]).read_text().splitlines()) - {""}
+        else:
+            keys = set(args.only.split(","))
         chosen = [m for m in mutants + hand_mutants(source) if m.key in keys]
         missing = keys - {m.key for m in chosen}
         if missing:

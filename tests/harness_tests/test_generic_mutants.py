@@ -62,3 +62,36 @@ def test_the_committed_run_is_triaged_and_scores_at_least_99_percent():
     assert all(m.get("triage", {}).get("verdict") in ("equivalent", "gap") for m in survivors)
     assert all(m["triage"]["reason"] for m in survivors)
     assert data["totals"]["untriaged"] == 0 and data["totals"]["score"] >= 0.99
+
+
+def test_every_clause_row_of_the_readme_names_a_mutant_its_test_kills():
+    import re
+
+    from harness.jobs.matrix import EXPECTED
+
+    readme = (gm.ROOT / "README.md").read_text()
+    table = readme.split("| clause | test | mutant killed |")[1].split("\n\n")[0]
+    matrix = json.loads(EXPECTED.read_text())["outcomes"]
+    every = {
+        m["key"]: m for m in json.loads((gm.RESULTS / "clause_mutants.json").read_text())["mutants"]
+    }
+    first = {
+        m["key"]: m
+        for m in json.loads((gm.RESULTS / "generic_mutants.json").read_text())["mutants"]
+    }
+    rows = [line.split(" | ") for line in table.strip().splitlines()[1:]]
+    assert len(rows) >= 30
+    for clause, test, mutants in rows:
+        if mutants.strip(" |") == "-":
+            continue  # a freedom: nothing to break
+        test = test.strip("`")
+        ids = re.findall(r"\b([sc]\d\d)\b", re.sub(r"`[^`]*`", "", mutants))
+        keys = re.findall(r"`([^`]+)`", mutants)
+        assert ids or keys, clause
+        for m in ids:
+            assert matrix[m][test] == "killed", (clause, m)
+        for key in keys:
+            if key in every:
+                assert test in every[key]["killers"], (clause, key)
+            else:
+                assert first[key]["killed_by"] == test, (clause, key)
