@@ -550,7 +550,9 @@ def main(argv: list[str] | None = None) -> int:
         "load_before": load_before,
         "generated": len(mutants),
         "sampling": (
-            f"a stratified sample of {args.sample} by operator, seed {args.seed}"
+            "the mutants --only names"
+            if args.only
+            else f"a stratified sample of {args.sample} by operator, seed {args.seed}"
             if args.sample is not None and args.sample < len(mutants)
             else "every generated mutant"
         ),
