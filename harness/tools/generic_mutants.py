@@ -14,8 +14,8 @@ spliced into the source text at the node's span; one that does not compile is dr
 
 Each mutant runs in a trusted worker forked from the fork server (no sandbox: generated from
 impl, trusted code), through the shared tests of harness.shared_tests.laws with the engine's
-run_test, cheapest tests first, stopping at the first test that kills it (killed or timeout, as
-the matrix counts); the learning test runs last, so only mutants that survive everything else
+run_test, in the registry's order, stopping at the first test that kills it (killed or timeout,
+as the matrix counts); the learning test runs last, so only mutants that survive everything else
 pay for it. Survivors are triaged in results/generic_mutants_triage.json (by mutant key): either
 equivalent, with the reason, or a gap, named; the score counts killed mutants against all that
 are not equivalent.
@@ -330,7 +330,8 @@ def sample(mutants: list[Mutation], n: int | None, seed: int) -> list[Mutation]:
     return sorted(chosen, key=lambda m: (m.start, m.operator, m.replacement))
 
 
-# cheapest first, and the ones that kill most early; the learning test last
+# the registry's order (the hand examples and the golden test, which kill most, come first); the
+# learning test, by far the dearest, last
 _LAST = ("test_learns_reversed_addition",)
 
 
