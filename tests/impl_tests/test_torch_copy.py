@@ -293,6 +293,8 @@ def test_beam_search_follows_the_pinned_walk():
             return Prefix(self.prefix[rows])
 
     class Scripted(torch.nn.Module):
+        cfg = tc.TransformerConfig(src_vocab=4, tgt_vocab=4, d_model=2, n_heads=1, max_len=8)
+
         def encode(self, src, src_mask):
             return torch.zeros(*src.shape, 1)
 
