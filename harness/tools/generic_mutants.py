@@ -6,7 +6,9 @@ results/generic_mutants.json and results/generic_mutants.md.
 Mutants are generated over impl/transformer.py's AST with Cosmic Ray's operator set, implemented
 here (cosmic-ray 8.7's operators: number replacement by +1 and -1, binary, comparison and unary
 operator replacement, boolean replacement, logical connectors, `not` added to conditions,
-break/continue swaps, zero-iteration for loops, decorator removal), plus statement deletion,
+break/continue swaps, zero-iteration for loops, decorator removal; not its exception replacer
+or variable replacer / inserter; arithmetic operators are not swapped for bitwise ones, nor
+back), plus statement deletion,
 constant replacement (string constants in comparisons), argument mutations (the first two
 positional arguments swapped, a keyword argument removed) and API-pair swaps (sin/cos, min/max,
 tril/triu, zeros/ones, mean/sum, softmax/log_softmax, train/eval, ...). A mutant is one change,
