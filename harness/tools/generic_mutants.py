@@ -7,12 +7,12 @@ Mutants are generated over impl/transformer.py's AST with Cosmic Ray's operator 
 here (cosmic-ray 8.7's operators: number replacement by +1 and -1, binary, comparison and unary
 operator replacement, boolean replacement, logical connectors, `not` added to conditions,
 break/continue swaps, zero-iteration for loops, decorator removal; not its exception replacer
-or variable replacer / inserter; arithmetic operators are not swapped for bitwise ones, nor
-back), plus statement deletion,
-constant replacement (string constants in comparisons), argument mutations (the first two
-positional arguments swapped, a keyword argument removed) and API-pair swaps (sin/cos, min/max,
-tril/triu, zeros/ones, mean/sum, softmax/log_softmax, train/eval, ...). A mutant is one change,
-spliced into the source text at the node's span; one that does not compile is dropped.
+or variable replacer / inserter; arithmetic operators are not swapped for bitwise ones), plus
+statement deletion, constant replacement (string constants in comparisons), argument mutations
+(the first two positional arguments swapped, a keyword argument removed) and API-pair swaps
+(sin/cos, min/max, tril/triu, zeros/ones, mean/sum, softmax/log_softmax, train/eval, ...). A
+mutant is one change, spliced into the source text at the node's span; one that does not
+compile is dropped.
 
 Each mutant runs in a trusted worker forked from the fork server (no sandbox: generated from
 impl, trusted code), through the shared tests of harness.shared_tests.laws with the engine's
