@@ -33,6 +33,10 @@ class TransformerConfig:
     max_len: int = 256
     ln_eps: float = 1e-5
 
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+
 
 def sinusoids(positions, d):
     """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)) (section 3.5)."""
@@ -245,6 +249,8 @@ class Transformer(nn.Module):
             raise ValueError(f"y_prev must have shape [{len(state.src_mask)}], got {y_prev.shape}")
         if state.pos >= self.cfg.max_len:
             raise ValueError(f"position {state.pos} is past max_len={self.cfg.max_len}")
+        if memory.shape[:2] != state.src_mask.shape:
+            raise ValueError(f"memory {tuple(memory.shape)} does not fit the state's src_mask")
         y = self.embed(y_prev[:, None], self.tgt_table(), start=state.pos)  # [B, 1, d]
         kv = []
         for layer, past in zip(self.decoder, state.kv, strict=True):
@@ -287,6 +293,8 @@ def fit(
     callback=None,
 ):
     """`steps` Adam updates on shuffled batches: read tgt[:, :-1], predict tgt[:, 1:]."""
+    if len(src) != len(tgt):
+        raise ValueError(f"src has {len(src)} rows, tgt {len(tgt)}")
     torch.manual_seed(seed)  # dropout: the same seed gives the same losses
     shuffle = torch.Generator().manual_seed(seed)
     optimizer = make_optimizer(model)

@@ -7,8 +7,10 @@ while state_dict() / load_state_dict() speak the contract's names
 (`encoder.0.self_attn.q_proj.weight`).
 Nothing here is shared with impl/transformer.py: agreement between the two is evidence, not an echo.
 
-decode_step deliberately recomputes the whole prefix through torch's stacks (torch's layers have no
-KV cache), so comparing impl's cached decoding with this copy checks impl's cache independently.
+decode_step keeps its own KV cache (torch's layers have none): each decoder layer's self-attention
+projects only the new position through torch's in_proj rows and attends to the cached keys and
+values with F.scaled_dot_product_attention; the rest of the layer is torch's own blocks. Nothing of
+impl's cache is shared, so agreement of the two checks both.
 
 In eval mode under no_grad torch runs fused kernels (_transformer_encoder_layer_fwd,
 _native_multi_head_attention) in float32 and float64 alike; with enable_nested_tensor=False the
@@ -85,18 +87,17 @@ def positional_encoding(length: int, d: int, dtype: torch.dtype, device: Any = N
 
 @dataclass(frozen=True)
 class DecodeState:
-    """The decoding position, the source mask and the prefix fed so far (bos first).
-
-    No KV cache: decode_step re-runs the prefix through torch's stacks.
-    """
+    """The decoding position, the source mask and each decoder layer's self-attention keys and
+    values of the positions fed so far (bos first), each [B, h, pos, d_k]."""
 
     pos: int
     src_mask: Tensor  # [B, S] bool
-    prefix: Tensor  # [B, pos] long
+    cache: tuple[tuple[Tensor, Tensor], ...]
 
     def select(self, rows: Tensor) -> DecodeState:
         """The state of the given batch rows (beam search reorders hypotheses)."""
-        return DecodeState(self.pos, self.src_mask[rows], self.prefix[rows])
+        cache = tuple((k[rows], v[rows]) for k, v in self.cache)
+        return DecodeState(self.pos, self.src_mask[rows], cache)
 
 
 def _check_ids_and_mask(ids: Tensor, mask: Tensor, what: str, max_len: int) -> None:
@@ -111,6 +112,43 @@ def _check_ids_and_mask(ids: Tensor, mask: Tensor, what: str, max_len: int) -> N
         )
     if ids.shape[1] > max_len:
         raise ValueError(f"{what} length {ids.shape[1]} exceeds max_len {max_len}")
+
+
+def _decoder_layer_step(
+    layer: nn.TransformerDecoderLayer,
+    x: Tensor,
+    past: tuple[Tensor, Tensor],
+    memory: Tensor,
+    memory_padding: Tensor,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """torch's decoder layer for one new position x [B, 1, d]: self-attention projects x alone
+    (in_proj's q, k, v rows) and reads the cached keys and values past plus its own; cross-attention
+    and the feed-forward are the layer's own blocks. Returns x and the keys and values so far."""
+    attn = layer.self_attn
+    B, _, d = x.shape
+    h = attn.num_heads
+
+    def self_attention(z: Tensor) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+        q, k, v = (
+            part.view(B, 1, h, d // h).transpose(1, 2)  # [B, h, 1, d_k]
+            for part in F.linear(z, attn.in_proj_weight, attn.in_proj_bias).chunk(3, dim=-1)
+        )
+        k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        p = attn.dropout if attn.training else 0.0
+        heads = F.scaled_dot_product_attention(q, k, v, dropout_p=p)  # every key is <= t
+        return layer.dropout1(attn.out_proj(heads.transpose(1, 2).reshape(B, 1, d))), (k, v)
+
+    if layer.norm_first:
+        a, kv = self_attention(layer.norm1(x))
+        x = x + a
+        x = x + layer._mha_block(layer.norm2(x), memory, None, memory_padding)
+        x = x + layer._ff_block(layer.norm3(x))
+    else:
+        a, kv = self_attention(x)
+        x = layer.norm1(x + a)
+        x = layer.norm2(x + layer._mha_block(x, memory, None, memory_padding))
+        x = layer.norm3(x + layer._ff_block(x))
+    return x, kv
 
 
 def _check_src_mask(src_mask: Tensor) -> None:
@@ -232,22 +270,39 @@ class Transformer(nn.Module):
         return self.decode(tgt_in, self.encode(src, src_mask), src_mask, tgt_mask)
 
     def init_state(self, src_mask: Tensor) -> DecodeState:
-        """The state before bos: position 0, an empty prefix."""
+        """The state before bos: position 0, empty caches."""
         _check_src_mask(src_mask)
-        empty = torch.empty(src_mask.shape[0], 0, dtype=torch.long, device=src_mask.device)
-        return DecodeState(0, src_mask, empty)
+        p = self.src_emb.weight
+        h = self.cfg.n_heads
+        empty = p.new_zeros(src_mask.shape[0], h, 0, self.cfg.d_model // h)
+        return DecodeState(0, src_mask, tuple((empty, empty) for _ in self.decoder.layers))
 
     def decode_step(
         self, y_prev: Tensor, memory: Tensor, state: DecodeState
     ) -> tuple[Tensor, DecodeState]:
-        """Logits [B, V_tgt] of the state's position, by recomputing the whole prefix."""
-        B = state.prefix.shape[0]
+        """Logits [B, V_tgt] of the state's position: the new position only, through each
+        decoder layer, its self-attention reading the cached keys and values."""
+        B, t = state.src_mask.shape[0], state.pos
         if y_prev.shape != (B,):
             raise ValueError(f"y_prev must be [B] = [{B}], got shape {tuple(y_prev.shape)}")
-        prefix = torch.cat([state.prefix, y_prev[:, None].to(state.prefix)], dim=1)  # new tensor
-        full = torch.ones_like(prefix, dtype=torch.bool)
-        logits = self.decode(prefix, memory, state.src_mask, full)[:, -1]
-        return logits, DecodeState(state.pos + 1, state.src_mask, prefix)
+        if memory.dim() != 3 or memory.shape[:2] != state.src_mask.shape:
+            raise ValueError(
+                f"memory shape {tuple(memory.shape)} does not match src_mask "
+                f"{tuple(state.src_mask.shape)} as [B, S, d]"
+            )
+        if t >= self.cfg.max_len:
+            raise ValueError(f"position {t} exceeds max_len {self.cfg.max_len}")
+        d = self.cfg.d_model
+        x = F.embedding(y_prev[:, None], self._tgt_table()) * math.sqrt(d)  # [B, 1, d]
+        x = self.emb_dropout(x + positional_encoding(t + 1, d, x.dtype, x.device)[t:])
+        cache = []
+        for layer, past in zip(self.decoder.layers, state.cache, strict=True):
+            x, kv = _decoder_layer_step(layer, x, past, memory, ~state.src_mask)
+            cache.append(kv)
+        if self.decoder.norm is not None:
+            x = self.decoder.norm(x)
+        logits = (x @ self._out_weight().T)[:, 0]  # [B, V_tgt]
+        return logits, DecodeState(t + 1, state.src_mask, tuple(cache))
 
     # --- state_dict in the contract's names -------------------------------------------------
 
@@ -348,7 +403,9 @@ def noam_rate(step: int, d_model: int, warmup: int, factor: float = 1.0) -> floa
 
 def make_optimizer(model: nn.Module) -> torch.optim.Adam:
     """Adam with beta (0.9, 0.98), epsilon 1e-9, no weight decay (paper, 5.3)."""
-    return torch.optim.Adam(model.parameters(), betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0)
+    return torch.optim.Adam(
+        model.parameters(), betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, foreach=True
+    )
 
 
 def fit(
@@ -473,6 +530,8 @@ def translate(
     """Beam search per source row (CONTRACT.md, translate); beam_size=1 is greedy argmax."""
     if beam_size < 1 or max_len < 0:
         raise ValueError(f"need beam_size >= 1 and max_len >= 0, got {beam_size}, {max_len}")
+    if max_len > model.cfg.max_len:
+        raise ValueError(f"max_len {max_len} exceeds the model's max_len {model.cfg.max_len}")
     was_training = model.training
     model.eval()
     try:

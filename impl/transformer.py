@@ -408,7 +408,12 @@ def make_optimizer(model: Transformer) -> torch.optim.Adam:
     """Adam with beta = (0.9, 0.98), eps = 1e-9, no weight decay (5.3); fit sets the rate."""
     first_rate = noam_rate(0, model.cfg.d_model, 4000)  # the paper's first update
     return torch.optim.Adam(
-        model.parameters(), lr=first_rate, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0
+        model.parameters(),
+        lr=first_rate,
+        betas=(0.9, 0.98),
+        eps=1e-9,
+        weight_decay=0.0,
+        foreach=True,  # one multi-tensor update: faster than a loop over tensors on the CPU
     )
 
 

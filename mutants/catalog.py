@@ -203,8 +203,86 @@ for _name in {_CONTRACT_METHODS!r}:
     ),
 )
 
+# Contract clauses beyond the seed's pitfall table (issue 12): laws that the seed's tests missed.
+# Not the seed's rung R5, so none is required of a student's suite, and mutation-score, which
+# scores the seed's pitfalls, leaves them out; the kill-rate matrix runs them.
+_FF_DROPOUT = "return self.dropout(self.linear2(self.dropout(F.relu(self.linear1({x})))))"
+_STATE_LAST_FIELD = """\
+    cross_kv: tuple[tuple[Tensor, Tensor], ...] | None  # per layer: the memory's K/V, from step 0
+"""
+_C04_FIELD = """\
+    prefix: Tensor | None = None  # mutant c04: the tokens so far
+"""
+_STEP_EMBED = """\
+        y_t = self._embed(y_prev[:, None], self.tgt_table(), start=t)  # [B, 1, d]
+"""
+_C04_STEP = """\
+        prefix = y_prev[:, None]  # mutant c04: decode re-runs the whole prefix
+        if state.prefix is not None:
+            prefix = torch.cat([state.prefix, prefix], dim=1)
+        ones = torch.ones_like(prefix, dtype=torch.bool)
+        logits = self.decode(prefix, memory, state.src_mask, ones)[:, -1]
+        return logits, DecodeState(t + 1, state.src_mask, state.self_kv, None, prefix)
+"""
+CLAUSE_MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        id="c01",
+        required=False,
+        mutator="AttentionDropoutFixedRate",
+        pitfall="attention-weight dropout at a fixed rate of 0.1 that ignores cfg.dropout",
+        killers=("test_dropout_at_every_site", "test_dropout_only_in_training"),
+        patches=(
+            Patch(
+                "self.dropout = nn.Dropout(cfg.dropout)  # on the attention weights",
+                "self.dropout = nn.Dropout(0.1)  # mutant c01: a fixed rate",
+            ),
+        ),
+    ),
+    Mutant(
+        id="c02",
+        required=False,
+        mutator="NoFeedForwardDropout",
+        pitfall="no dropout inside the feed-forward: linear2 reads relu(linear1(x)) undropped",
+        killers=("test_dropout_at_every_site",),
+        patches=tuple(
+            Patch(
+                _FF_DROPOUT.format(x=x),
+                f"return self.dropout(self.linear2(F.relu(self.linear1({x}))))  # mutant c02",
+            )
+            for x in ("x", "y")
+        ),
+    ),
+    Mutant(
+        id="c03",
+        required=False,
+        mutator="NoAttentionWeightDropout",
+        pitfall="no dropout on the attention weights (sublayer outputs still dropped)",
+        killers=("test_dropout_at_every_site",),
+        patches=(
+            Patch(
+                "weights = self.dropout(torch.softmax(scores, dim=-1))",
+                "weights = torch.softmax(scores, dim=-1)  # mutant c03: weights not dropped",
+            ),
+        ),
+    ),
+    Mutant(
+        id="c04",
+        required=False,
+        mutator="DecodeStepRecomputesPrefix",
+        pitfall="decode_step re-runs decode on the whole prefix at every step: no KV cache",
+        killers=("test_decode_step_reads_a_kv_cache",),
+        patches=(
+            Patch(_STATE_LAST_FIELD, _STATE_LAST_FIELD + _C04_FIELD),
+            Patch(_STEP_EMBED, _C04_STEP + _STEP_EMBED),
+        ),
+    ),
+)
+
+MUTANTS += CLAUSE_MUTANTS
+
 _BY_ID = {m.id: m for m in MUTANTS}
-PITFALLS = tuple(m.id for m in MUTANTS if m.id != "sanity")  # s01 .. s11
+PITFALLS = tuple(m.id for m in MUTANTS if m.id.startswith("s") and m.id != "sanity")  # s01..s11
+CLAUSES = tuple(m.id for m in CLAUSE_MUTANTS)  # c01 .. c04
 REQUIRED = tuple(m.id for m in MUTANTS if m.required)  # s01 .. s08
 
 

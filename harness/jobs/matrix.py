@@ -1,4 +1,5 @@
-"""`xfmr matrix`: every shared test on impl, the torch copy, the sanity mutant and s01-s11.
+"""`xfmr matrix`: every shared test on impl, the torch copy, the sanity mutant and the mutants
+(the seed's pitfalls s01-s11 and the contract clauses c01-c04).
 
 Prints the kill-rate matrix and its findings, writes it in the formats asked for, and with
 --check compares it with the committed expectation (harness/data/expected_matrix.json).
@@ -26,12 +27,15 @@ EXPECTED = DATA / "expected_matrix.json"
 
 
 def matrix_subjects() -> list[Subject]:
-    """impl, the torch copy, the sanity mutant and s01-s11, in that order."""
+    """impl, the torch copy, the sanity mutant, s01-s11 and c01-c04, in that order."""
     return [
         Subject("impl", Kind.CORRECT, module="impl.transformer"),
         Subject("torch_copy", Kind.CORRECT, module="impl.torch_copy"),
         Subject("sanity", Kind.SANITY, module="impl.transformer", mutant="sanity"),
-        *(Subject(m, Kind.MUTANT, module="impl.transformer", mutant=m) for m in catalog.PITFALLS),
+        *(
+            Subject(m, Kind.MUTANT, module="impl.transformer", mutant=m)
+            for m in catalog.PITFALLS + catalog.CLAUSES
+        ),
     ]
 
 

@@ -332,13 +332,22 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
         except Failure as e:
             causes = "" if hooked is None else embedding_causes(got, params, table, ids, mask, tol)
             raise Failure(f"{e}{causes}") from None
-    # N(0, 1/d): 256 x 16 draws estimate the std to about 1.1%; 10% is eight of those
-    big = config(src_vocab=256, tgt_vocab=256, n_enc=1, n_dec=1)
+    # N(0, 1/d) for each table: n = 2048 x 128 draws estimate the std with a relative standard
+    # error of 1/sqrt(2n) = 0.14%; 5.3 of those (0.73%) is passed by chance with probability below
+    # 1.2e-7 per table, and a std 1.4% off fails but with probability below 1e-6. The tables are
+    # read through the oracle's reader (tied, unequal vocabularies: a source and a target table).
+    big = config(src_vocab=2048, tgt_vocab=2047, d_model=128, n_heads=2, d_ff=8, n_enc=1, n_dec=1)
     start = read_params(call("state_dict", cfg=big, seed=17)["state_dict"], big)
-    table = start.arrays[start.src_table]
-    std, want_std = float(table.std()), big["d_model"] ** -0.5
-    if abs(std / want_std - 1) > 0.10:
-        raise Failure(f"embedding table std {std:.4f} at init, expected 1/sqrt(d) = {want_std:.4f}")
+    want_std = big["d_model"] ** -0.5
+    for name in (start.src_table, start.tgt_table):
+        table = np.asarray(start.arrays[name], dtype=np.float64)
+        bound = 5.3 / math.sqrt(2 * table.size)
+        std = float(np.sqrt(np.mean(table**2)))  # about the contract's mean 0
+        if not abs(std / want_std - 1) <= bound:
+            raise Failure(
+                f"{name} [{table.shape[0]}, {table.shape[1]}] starts with std {std:.5f} about 0, "
+                f"expected 1/sqrt(d) = {want_std:.5f} within {bound:.2%}"
+            )
 
 
 def through_final_norm(r: dict, cfg: dict, side: str, x0: np.ndarray) -> tuple:
@@ -451,7 +460,8 @@ def check_optimizer_is_the_papers_adam(call: Call) -> None:
 
 @law(
     "test_fit_follows_the_schedule_and_is_reproducible",
-    "exact step count, Noam or constant rates, same seed same losses, mode restored",
+    "exact step count, Noam or constant rates, Python float losses, same seed same losses whatever "
+    "the global random state or mode, training mode during, mode restored",
     timeout=30.0,
 )
 def check_fit_follows_the_schedule_and_is_reproducible(call: Call) -> None:
@@ -461,7 +471,10 @@ def check_fit_follows_the_schedule_and_is_reproducible(call: Call) -> None:
     rng = np.random.default_rng(7)
     b = batch(rng, cfg, src_lens=[6, 5, 4, 3] * 5, tgt_lens=[5, 4, 3, 6, 2] * 4)
     tgt = np.concatenate([b["tgt_in"], b["tgt_out"][:, -1:]], axis=1)
-    data = {"src": b["src"], "tgt": tgt, "pad_id": PAD}
+    # the pad id is the largest id here, not 0: masks must compare with it for equality
+    swap = np.arange(cfg["src_vocab"])
+    swap[[PAD, -1]] = swap[[-1, PAD]]
+    data = {"src": swap[b["src"]], "tgt": swap[tgt], "pad_id": int(swap[PAD])}
     steps, warmup, factor, lr = 6, 4, 1.0, 0.01
     r = call(
         "fit_runs",
@@ -490,12 +503,32 @@ def check_fit_follows_the_schedule_and_is_reproducible(call: Call) -> None:
             raise Failure(f"fit({name}): the callback's losses differ from the returned ones")
         if not run["training"]:
             raise Failure(f"fit({name}) left a model that was training in eval mode")
-    if r["runs"]["noam"]["losses"] != r["runs"]["noam_again"]["losses"]:
-        a, b2 = r["runs"]["noam"]["losses"], r["runs"]["noam_again"]["losses"]
-        s = next(i for i, (x, y) in enumerate(zip(a, b2, strict=True)) if x != y)
-        raise Failure(f"same seed, same weights: update {s} lost {a[s]!r} then {b2[s]!r}")
+        if run["types"] != ["float", "list"]:
+            raise Failure(f"fit({name}) returned {run['types']}: a list of Python floats expected")
     if r["runs"]["from_eval"]["training"]:
         raise Failure("fit left a model that was in eval mode in training mode")
+    no_steps, batch_one = r["runs"]["no_steps"], r["runs"]["batch_one"]
+    if no_steps["losses"] != [] or no_steps["moved"] != 0.0:
+        raise Failure(
+            f"fit(steps=0) returned {no_steps['losses']} and moved the weights by "
+            f"{no_steps['moved']:.3g}: zero updates expected"
+        )
+    if len(batch_one["losses"]) != 2:
+        raise Failure(f"fit(steps=2, batch=1) returned {len(batch_one['losses'])} losses")
+    # the runs start from different global random states and modes: fit trains in training mode
+    # with draws from its seed alone, so the losses are the same bits
+    first = r["runs"]["noam"]["losses"]
+    for name, what in (
+        ("noam_again", "another global random state"),
+        ("from_eval", "a model in eval mode (fit must train in training mode)"),
+    ):
+        again = r["runs"][name]["losses"]
+        if again != first:
+            s = next(i for i in range(len(again) + 1) if i == len(again) or again[i] != first[i])
+            lost = repr(again[s]) if s < len(again) else "nothing"
+            raise Failure(
+                f"same seed, same weights, from {what}: update {s} lost {lost}, not {first[s]!r}"
+            )
     # Adam's first update moves each parameter by rate * |g| / (|g| + 1e-9): the largest move is
     # the rate itself to within 1e-9 / max|g|; 1e-4 allows gradients down to 1e-5.
     moved, rate0 = r["max_first_update"], noam[0]
@@ -504,6 +537,33 @@ def check_fit_follows_the_schedule_and_is_reproducible(call: Call) -> None:
             f"one update of fit moved the parameters by at most {moved:.6g}; Adam's first step "
             f"at noam_rate(0) = {rate0:.6g} moves the most-moved parameter by that rate"
         )
+
+
+# The decoding tests' expectations depend only on the parent's weights, which follow the
+# contract's names and so are the same for every subject: the oracle's searches are computed once
+# per process and reused (a matrix asks the same question of 18 subjects).
+_SEARCHES: dict[tuple, Any] = {}
+
+
+def params_key(params: Any) -> bytes:
+    """A digest of the weights, for the caches of the oracle's decoding."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in sorted(params.arrays):
+        digest.update(name.encode() + params.arrays[name].tobytes())
+    return digest.digest()
+
+
+def beam_search_once(params: Any, key: bytes, row: np.ndarray, *args: Any) -> list:
+    """oracle.beam_search for one source row (padded with PAD), cached by weights and inputs;
+    args: bos, eos, max_len, beam_size, length_penalty."""
+    cache_key = (key, row.tobytes(), *args)
+    if cache_key not in _SEARCHES:
+        mask = (row != PAD)[None]
+        memory = oracle.encode(params, row[None], mask)
+        _SEARCHES[cache_key] = oracle.beam_search(params, memory, mask, *args)
+    return _SEARCHES[cache_key]
 
 
 def greedy(params: Any, src: np.ndarray, eos: int | None, max_len: int) -> tuple[list, list]:
@@ -575,7 +635,8 @@ def forward_first(r: dict, params: Any, src: np.ndarray, paths: dict[str, np.nda
 
 @law(
     "test_translate_is_greedy_with_beam_one_and_drops_eos",
-    "beam 1 equals an argmax loop; no eos; mode restored; save/load gives the same logits",
+    "beam 1 equals an argmax loop; no eos; no gradients; mode restored; save/load gives the same "
+    "logits",
     timeout=30.0,
     points=6,
 )
@@ -610,6 +671,10 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
             raise Failure(f"row {row}: beam_size=1 gave {g}, the argmax loop gives {w}")
     if not r["training_after"][0]:
         raise Failure("translate left a model that was training in eval mode")
+    if not set(r["types"]) <= {"list", "int"}:
+        raise Failure(f"translate returned {r['types']}: a list of lists of Python ints expected")
+    if r["grad_during"]:
+        raise Failure("translate ran the model's modules with gradients enabled (no_grad expected)")
     want_files = ["config.json", "model.safetensors"]
     if r["files"] != want_files:
         raise Failure(f"save_transformer wrote {r['files']}: expected exactly {want_files}")
@@ -644,6 +709,7 @@ def check_beam_search_matches_oracle(call: Call) -> None:
     rng = np.random.default_rng(9)
     src = batch(rng, cfg, src_lens=[5, 3, 4], tgt_lens=[1, 1, 1])["src"]
     weights, params, eos = decoding_setup(call, cfg, 21, src, max_len)
+    src = with_rows(src, formula_sensitive_rows(params, cfg, eos, max_len))
     settings = [[beam, penalty] for beam in (1, 2, 3, 4) for penalty in (0.0, 1.0, 2.0)]
     r = call(
         "translations",
@@ -658,14 +724,11 @@ def check_beam_search_matches_oracle(call: Call) -> None:
         train_mode=False,
         paths=(paths := decoding_paths(greedy(params, src, eos, max_len)[0])),
     )
-    mask = src != PAD
-    memory = oracle.encode(params, src, mask)
+    key = params_key(params)
     compared = 0
     for (beam, penalty), got in zip(settings, r["outputs"], strict=True):
         for row in range(len(src)):
-            finished = oracle.beam_search(
-                params, memory[row : row + 1], mask[row : row + 1], BOS, eos, max_len, beam, penalty
-            )
+            finished = beam_search_once(params, key, src[row], BOS, eos, max_len, beam, penalty)
             scores = sorted((h.score for h in finished), reverse=True)
             if len(scores) > 1 and scores[0] - scores[1] <= BEAM_MARGIN:
                 continue
@@ -681,17 +744,112 @@ def check_beam_search_matches_oracle(call: Call) -> None:
                 )
     if compared == 0:
         raise Failure("every case was a near tie: nothing compared (choose other inputs)")
+    check_beam_search_when_nothing_finishes(call, cfg, weights, params, src, key)
+
+
+def with_rows(src: np.ndarray, extra: list[np.ndarray]) -> np.ndarray:
+    """src with more rows, every row padded with PAD to the longest."""
+    rows = [r[r != PAD] for r in src] + list(extra)
+    out = np.full((len(rows), max(len(r) for r in rows)), PAD, dtype=np.int64)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = r
+    return out
+
+
+_SENSITIVE: dict[tuple, list[np.ndarray]] = {}
+
+
+def formula_sensitive_rows(params: Any, cfg: dict, eos: int, max_len: int) -> list[np.ndarray]:
+    """Up to two source rows (of 16 drawn) where the pinned score logp / len ** length_penalty
+    decides the winner among finished hypotheses of different lengths: its winner changes when
+    every log-probability sum is offset by 1, or the penalty's exponent by 0.5. Rows where the
+    formula's details cannot matter test none of them. The same weights for every subject (they
+    follow the contract's names), so the choice is computed once per process."""
+    key = (eos, max_len, *sorted((k, v.tobytes()) for k, v in params.arrays.items()))
+    if key in _SENSITIVE:
+        return _SENSITIVE[key]
+    rng = np.random.default_rng(90)
+    chosen: list[np.ndarray] = []
+    for _ in range(16):
+        row = tokens(rng, cfg["src_vocab"], (int(rng.integers(2, 6)),))
+        memory = oracle.encode(params, row[None], np.ones((1, len(row)), bool))
+        mask = np.ones((1, len(row)), bool)
+        for beam, penalty in ((2, 1.0), (3, 1.0), (3, 2.0), (4, 1.0)):
+            finished = oracle.beam_search(params, memory, mask, BOS, eos, max_len, beam, penalty)
+            logp = np.array([h.logp for h in finished])
+            length = np.array([len(h.tokens) for h in finished], dtype=np.float64)
+            best = int(np.argmax(logp / length**penalty))  # the first of equal scores
+            variants = [(logp + c) / length**penalty for c in (-1.0, 1.0)]
+            variants += [logp / length ** (penalty + e) for e in (-0.5, 0.5)]
+            scores = sorted((h.score for h in finished), reverse=True)
+            clear = len(scores) < 2 or scores[0] - scores[1] > BEAM_MARGIN
+            if clear and any(int(np.argmax(v)) != best for v in variants):
+                chosen.append(row)
+                break
+        if len(chosen) == 2:
+            break
+    _SENSITIVE[key] = chosen
+    return chosen
+
+
+def check_beam_search_when_nothing_finishes(call, cfg, weights, params, src, key) -> None:
+    """The pinned rule when no hypothesis reaches eos within max_len: every live hypothesis
+    finishes as it is, and the best score wins. The eos is a real token that the oracle's search
+    never reaches in 3 steps, for every row and setting."""
+    max_len, settings = 3, [[1, 1.0], [2, 1.0], [3, 0.0]]
+
+    def searches(eos: int) -> list[list[Any]]:
+        return [
+            [
+                beam_search_once(params, key, src[i], BOS, eos, max_len, beam, penalty)
+                for i in range(len(src))
+            ]
+            for beam, penalty in settings
+        ]
+
+    for eos in range(3, cfg["tgt_vocab"]):
+        found = searches(eos)
+        if not any(h.tokens[-1] == eos for runs in found for hs in runs for h in hs):
+            break
+    else:
+        raise Failure("every real token finishes some search: no eos left unreached")
+    r = call(
+        "translations",
+        cfg=cfg,
+        weights=weights,
+        src=src,
+        bos=BOS,
+        eos=eos,
+        pad_id=PAD,
+        max_len=max_len,
+        settings=settings,
+        train_mode=False,
+    )
+    for (beam, penalty), got, runs in zip(settings, r["outputs"], found, strict=True):
+        for row, finished in enumerate(runs):
+            scores = sorted((h.score for h in finished), reverse=True)
+            if len(scores) > 1 and scores[0] - scores[1] <= BEAM_MARGIN:
+                continue
+            want = list(oracle.best_hypothesis(finished).tokens)
+            if got[row] != want:
+                raise Failure(
+                    f"nothing reaches eos={eos} within max_len={max_len} (beam_size={beam}, "
+                    f"length_penalty={penalty}), row {row}: translate gave {got[row]}, the "
+                    f"pinned rule (every live hypothesis finishes, the best score wins) gives "
+                    f"{want}"
+                )
 
 
 @law(
     "test_validation",
-    "bad input raises the contract's error class",
+    "bad input through every entry point raises the contract's error class; good input does not",
     timeout=20.0,
 )
 def check_validation(call: Call) -> None:
     # Bad input gives the contract's error class, never a silent answer.
-    want = {
+    want: dict[str, str | None] = {
         "norm is not 'post' or 'pre'": "ValueError",
+        "d_model not divisible by n_heads": "ValueError",
         "src_mask not bool": "TypeError",
         "tgt_mask not bool": "TypeError",
         "encode mask not bool": "TypeError",
@@ -701,12 +859,34 @@ def check_validation(call: Call) -> None:
         "source longer than max_len": "ValueError",
         "source row with no real token": "ValueError",
         "target row with padding at bos": "ValueError",
+        # every other entry point (issue 12)
+        "decode: tgt_mask not bool": "TypeError",
+        "decode: src_mask not bool": "TypeError",
+        "decode: tgt_mask shape differs from tgt_in": "ValueError",
+        "decode: src_mask shape differs from memory": "ValueError",
+        "decode: src_mask of more rows than memory": "ValueError",
+        "decode: batch sizes differ": "ValueError",
+        "decode: target longer than max_len": "ValueError",
+        "decode: source row with no real token": "ValueError",
+        "init_state: src_mask not bool": "TypeError",
+        "init_state: source row with no real token": "ValueError",
+        "decode_step: y_prev of another batch size": "ValueError",
+        "decode_step: memory of another batch size": "ValueError",
+        "decode_step: past max_len": "ValueError",
+        "fit: src and tgt rows differ": "ValueError",
+        "translate: max_len past the model's": "ValueError",
+        # good input that must not raise
+        "accepted: decode_step at positions 0 .. max_len - 1": None,
+        "accepted: translate with the model's max_len": None,
     }
     got = call("bad_inputs", cfg=config(n_enc=1, n_dec=1, max_len=8), seed=22)
     wrong = []
     for case, error in want.items():
         raised = got.get(case)
-        if raised is None:
+        if error is None:
+            if raised is not None:
+                wrong.append(f"{case}: raised {raised['type']}, expected no error")
+        elif raised is None:
             wrong.append(f"{case}: nothing raised, expected {error}")
         elif error not in raised["bases"]:
             wrong.append(f"{case}: raised {raised['type']}, expected {error}")
@@ -744,7 +924,8 @@ DROPOUT_VISIBLE = 1e-6
 
 @law(
     "test_dropout_only_in_training",
-    "dropout acts in training mode, with new masks each pass, and never in eval mode",
+    "dropout acts in training mode, with new masks each pass, never in eval mode, and not at all "
+    "at dropout=0",
     timeout=20.0,
 )
 def check_dropout_only_in_training(call: Call) -> None:
@@ -769,15 +950,47 @@ def check_dropout_only_in_training(call: Call) -> None:
             f"two training-mode passes gave the same logits (max change {change:.3g}): "
             "dropout draws no new masks"
         )
+    # at dropout 0 training mode computes what eval mode does: the same bits (gradients on, so
+    # torch's own layers take the same path in both modes)
+    zero = {**cfg, "dropout": 0.0}
+    r = call("train_eval_logits", cfg=zero, seed=24, **b)
+    assert_equal_bits(
+        "dropout=0: training-mode logits vs eval-mode logits",
+        r["train"],
+        r["eval"],
+        ("row", "position", "token"),
+    )
 
 
-def heldout_loss(call: Call, setup: dict[str, Any], seed: int) -> float:
+# The learning test ends training early once the subject's own held-out loss, checked every
+# LEARN_CHECK_EVERY updates, is at most LEARN_STOP_FRACTION of the bar: a correct subject crosses
+# the bar after 300-500 of the 600 updates (impl's curve, seed 0: 0.91 at 300, 0.49 at 350), so
+# this saves about 40% of the test's time; the oracle's verdict on the weights stays as before.
+# The fraction leaves 5% for a correct float32 model's own loss to differ from the oracle's
+# (rounding: ~1e-6 of it).
+LEARN_CHECK_EVERY = 25
+LEARN_STOP_FRACTION = 0.95
+
+
+def heldout_loss(
+    call: Call, setup: dict[str, Any], seed: int, stop_below: float | None = None
+) -> float:
     """Train the subject as the setup says, then the oracle's cross-entropy of its trained
     weights on the held-out sums (teacher forcing, the oracle's causal forward pass): neither the
-    subject's own logits nor its own loss enter the verdict."""
+    subject's own logits nor its own loss enter the verdict. With stop_below, training ends at
+    the first check where the subject's own held-out loss is at most that (see `learn`)."""
     inputs = addition_inputs(setup)
     cfg = setup["config"]
-    r = call("learn", cfg=cfg, seed=seed, data=inputs["data"], **setup["recipe"])
+    stop = None
+    if stop_below is not None:
+        stop = {
+            "src": inputs["eval_src"],
+            "tgt": inputs["eval_tgt"],
+            "pad_id": PAD,
+            "every": LEARN_CHECK_EVERY,
+            "below": stop_below,
+        }
+    r = call("learn", cfg=cfg, seed=seed, data=inputs["data"], **setup["recipe"], stop=stop)
     # read in the untied form, each table a subject lists once standing for those it is tied to:
     # how the tables are tied is the names and embeddings tests' to charge, not this test's
     weights = unwrapped(dict(r["state_dict"]))
@@ -795,19 +1008,269 @@ def heldout_loss(call: Call, setup: dict[str, Any], seed: int) -> float:
 
 @law(
     "test_learns_reversed_addition",
-    "600 updates on two-digit reversed addition reach impl's held-out loss bar",
+    "within 600 updates on two-digit reversed addition the held-out loss reaches impl's bar",
     timeout=90.0,
     points=10,
 )
 def check_learns_reversed_addition(call: Call) -> None:
-    # 600 updates on two-digit reversed addition reach impl's held-out loss bar.
+    # Within 600 updates on two-digit reversed addition the held-out loss reaches impl's bar
+    # (training ends early once the subject's own held-out loss is well below it).
     setup = learning_setup()
-    loss = heldout_loss(call, setup, seed=setup["seeds"][0])
     bar = setup["bar"]
+    loss = heldout_loss(call, setup, seed=setup["seeds"][0], stop_below=LEARN_STOP_FRACTION * bar)
     if not loss <= bar:
         raise Failure(
-            f"held-out loss {loss:.4f} after {setup['recipe']['steps']} updates, above the bar "
+            f"held-out loss {loss:.4f} after up to {setup['recipe']['steps']} updates (ended "
+            f"early only where the model's own held-out loss was below "
+            f"{LEARN_STOP_FRACTION * bar:.4f}), above the bar "
             f"{bar:.4f} ({setup['derivation']})"
+        )
+
+
+# --- dropout at each site, and the KV cache (appended: new laws) -----------------------------
+
+# The false-alarm budget of the dropout-site test, split evenly over its rate checks (a union
+# bound): each check's two-sided Hoeffding bound P(|k/n - p| >= e) <= 2 exp(-2 n e^2) sets e.
+DROPOUT_FALSE_ALARM = 1e-6
+
+
+def rate_margin(n: int, checks: int) -> float:
+    """The e with 2 exp(-2 n e^2) = DROPOUT_FALSE_ALARM / checks: an honest site's fraction of
+    dropped elements lies within e of the rate but with probability below that share."""
+    return math.sqrt(math.log(2 * checks / DROPOUT_FALSE_ALARM) / (2 * n))
+
+
+# Each sublayer's residual: (stack, norm) -> [(site, before, after, sublayer)], where after -
+# before is the sublayer's output after its dropout; (module, "in"/"out") names what a hook saw
+# ("" is the layer itself).
+RESIDUALS = {
+    ("encoder", "post"): [
+        ("encoder self-attention output", ("", "in"), ("norm1", "in"), "self_attn"),
+        ("encoder feed-forward output", ("norm1", "out"), ("norm2", "in"), "linear2"),
+    ],
+    ("encoder", "pre"): [
+        ("encoder self-attention output", ("", "in"), ("norm2", "in"), "self_attn"),
+        ("encoder feed-forward output", ("norm2", "in"), ("", "out"), "linear2"),
+    ],
+    ("decoder", "post"): [
+        ("decoder self-attention output", ("", "in"), ("norm1", "in"), "self_attn"),
+        ("decoder cross-attention output", ("norm1", "out"), ("norm2", "in"), "cross_attn"),
+        ("decoder feed-forward output", ("norm2", "out"), ("norm3", "in"), "linear2"),
+    ],
+    ("decoder", "pre"): [
+        ("decoder self-attention output", ("", "in"), ("norm2", "in"), "self_attn"),
+        ("decoder cross-attention output", ("norm2", "in"), ("norm3", "in"), "cross_attn"),
+        ("decoder feed-forward output", ("norm3", "in"), ("", "out"), "linear2"),
+    ],
+}
+
+
+def residual_sites(cfg: dict) -> Iterator[tuple[str, tuple[str, str], tuple[str, str], str]]:
+    """RESIDUALS for every layer of cfg, with the modules' full contract names."""
+    for stack, n in (("encoder", cfg["n_enc"]), ("decoder", cfg["n_dec"])):
+        for i in range(n):
+            layer = f"{stack}.{i}"
+
+            def full(sub: str, layer: str = layer) -> str:
+                return f"{layer}.{sub}" if sub else layer
+
+            for site, (b, b_end), (a, a_end), sub in RESIDUALS[(stack, cfg["norm"])]:
+                yield site, (full(b), b_end), (full(a), a_end), full(sub)
+
+
+def dropout_observations(
+    r: dict, cfg: dict, tol: float
+) -> dict[str, list[tuple[np.ndarray, np.ndarray]]]:
+    """site -> [(got, want)]: what the training pass gave at the site, and what it would give
+    with nothing dropped (each element: 0 when dropped, want when kept).
+
+    A sublayer or feed-forward whose eval pass does not have the contract's form (after - before
+    is not the sublayer's output, linear2 does not read relu(linear1)) is left out: that is a
+    value fault, the value tests' to charge, and its dropout cannot be told from it here."""
+    p, train, evals = cfg["dropout"], r["train"], r["eval"]
+
+    def holds(got: np.ndarray, want: np.ndarray) -> bool:
+        return got.shape == want.shape and bool(
+            np.all(np.abs(got - want) <= tol * max(1.0, float(np.abs(want).max(initial=0.0))))
+        )
+
+    def seen(where: dict, name: str, end: str) -> np.ndarray:
+        try:
+            return np.asarray(where[name][end], dtype=np.float64)
+        except KeyError:
+            raise Failure(
+                f"no {'input' if end == 'in' else 'output'} of the contract's module {name} was "
+                "seen in a forward pass: its dropout cannot be observed"
+            ) from None
+
+    sites: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+    for stack in ("encoder", "decoder"):
+        # the first layer's input is the embedded sequence after its dropout
+        site = f"embeddings ({'source' if stack == 'encoder' else 'target'})"
+        got, want = seen(train, f"{stack}.0", "in"), seen(evals, f"{stack}.0", "in") / (1 - p)
+        sites[site] = [(got, want)]
+    for site, before, after, sub in residual_sites(cfg):
+        if not holds(seen(evals, *after) - seen(evals, *before), seen(evals, sub, "out")):
+            continue
+        got = seen(train, *after) - seen(train, *before)
+        sites.setdefault(site, []).append((got, seen(train, sub, "out") / (1 - p)))
+    for stack, n in (("encoder", cfg["n_enc"]), ("decoder", cfg["n_dec"])):
+        for i in range(n):
+            one, two = f"{stack}.{i}.linear1", f"{stack}.{i}.linear2"
+            if not holds(seen(evals, two, "in"), np.maximum(seen(evals, one, "out"), 0.0)):
+                continue
+            hidden = np.maximum(seen(train, one, "out"), 0.0)
+            got = seen(train, two, "in")
+            sites.setdefault(f"inside the {stack} feed-forward", []).append((got, hidden / (1 - p)))
+    return sites
+
+
+def dropped_heads(r: dict, cfg: dict, params: Any) -> dict[str, np.ndarray]:
+    """site -> bool per (row, query, head) of queries that read exactly one key: is that head's
+    output exactly zero? One readable key has softmax weight 1, so the head outputs that key's
+    value, or nothing when the weight is dropped; out_proj's inverse (read from the weights)
+    splits an attention output into its heads.
+
+    An attention whose eval pass does not output the one key's value (v_proj of it) there reads
+    other keys or other values: a mask or value fault, the value tests' to charge, left out."""
+    h = cfg["n_heads"]
+    out: dict[str, list[np.ndarray]] = {}
+    last = "enc_norm" if cfg["norm"] == "pre" else f"encoder.{cfg['n_enc'] - 1}"
+    memory = r["eval"].get(last, {}).get("out")
+
+    def split(a: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """a [.., d] = concat(heads) W^T + b -> heads [.., h, d_k]."""
+        heads = np.linalg.solve(w, (a - b).reshape(-1, a.shape[-1]).T).T
+        return heads.reshape(*a.shape[:-1], h, -1)
+
+    single = [
+        ("encoder self-attention weights", "encoder", cfg["n_enc"], "self_attn", slice(None)),
+        ("decoder self-attention weights", "decoder", cfg["n_dec"], "self_attn", slice(0, 1)),
+        ("cross-attention weights", "decoder", cfg["n_dec"], "cross_attn", slice(None)),
+    ]
+    for site, stack, n, attn, queries in single:
+        for i in range(n):
+            name = f"{stack}.{i}.{attn}"
+            if "out" not in r["train"].get(name, {}):
+                raise Failure(f"no output of the contract's module {name} was seen in training")
+            a = np.asarray(r["train"][name]["out"], dtype=np.float64)[:, queries]  # [B, Q, d]
+            w = params.arrays[f"{name}.out_proj.weight"]
+            b = params.arrays[f"{name}.out_proj.bias"]
+            heads = split(a, w, b)
+            # solving with W rounds to about eps * cond(W) of the heads' scale; 1e3 times that
+            eps = np.finfo(np.float32 if r["dtype"] == "float32" else np.float64).eps
+            zero = 1e3 * eps * np.linalg.cond(w) * max(1.0, float(np.abs(heads).max()))
+            # the premise, in the eval pass: each of these queries outputs its one key's value
+            keys = memory if attn == "cross_attn" else r["eval"].get(name, {}).get("in")
+            a_eval = r["eval"].get(name, {}).get("out")
+            if keys is None or a_eval is None:
+                continue
+            wv, bv = params.arrays[f"{name}.v_proj.weight"], params.arrays[f"{name}.v_proj.bias"]
+            value = (np.asarray(keys, dtype=np.float64)[:, :1] @ wv.T + bv).reshape(
+                -1, 1, h, a.shape[-1] // h
+            )
+            heads_eval = split(np.asarray(a_eval, dtype=np.float64)[:, queries], w, b)
+            if heads_eval.shape[0] != value.shape[0] or not np.all(
+                np.abs(heads_eval - value) <= zero
+            ):
+                continue
+            out.setdefault(site, []).append(np.abs(heads).max(axis=-1) <= zero)
+    return {site: np.concatenate([m.ravel() for m in masks]) for site, masks in out.items()}
+
+
+@law(
+    "test_dropout_at_every_site",
+    "training mode drops embeddings, attention weights, sublayer outputs and the feed-forward's "
+    "hidden units at the configured rate, scaling the rest by 1/(1 - p)",
+    timeout=20.0,
+)
+def check_dropout_at_every_site(call: Call) -> None:
+    # One training pass at p = 0.5 against an eval pass of the same model, seen through hooks on
+    # the contract's modules: at each site every element is either 0 (dropped) or its undropped
+    # value / (1 - p) (kept), and the dropped fraction is p within a Hoeffding margin. A one-key
+    # source (S = 1) makes every encoder and cross-attention query read one key, whose weight
+    # is 1: dropping it zeroes that head's output, which out_proj's inverse shows.
+    p = 0.5
+    rng = np.random.default_rng(25)
+    results = []
+    for norm in ("post", "pre"):
+        cfg = config(dropout=p, norm=norm)
+        b = forward_inputs(batch(rng, cfg, src_lens=[1] * 64, tgt_lens=[6] * 64))
+        r = call("dropout_sites", cfg=cfg, seed=26, **b, draw=27)
+        tol = tolerance(r["dtype"], "reorder")
+        for site, pairs in dropout_observations(r, cfg, tol).items():
+            got = np.concatenate([g.ravel() for g, _ in pairs])
+            want = np.concatenate([w.ravel() for _, w in pairs])
+            scale = max(1.0, float(np.abs(want).max()))
+            dropped = np.abs(got) <= tol * scale
+            kept = np.abs(got - want) <= tol * scale
+            neither = np.flatnonzero(~dropped & ~kept)
+            if len(neither):
+                i = neither[0]
+                undropped = np.abs(got - want * (1 - p)) <= tol * scale
+                hint = ": nothing is dropped here" if undropped[neither].all() else ""
+                raise Failure(
+                    f"{norm}-LN, {site}: an element is {got[i]:.8g} in training mode, neither 0 "
+                    f"(dropped) nor its value without dropout / (1 - p) = {want[i]:.8g} (kept); "
+                    f"{len(neither)} of {len(got)} elements are neither{hint}"
+                )
+            seen_ = dropped != kept  # an element whose undropped value is 0 tells nothing
+            results.append((norm, site, int(dropped[seen_].sum()), int(seen_.sum())))
+        try:
+            params = read_params(r["state_dict"], cfg)
+        except Failure:
+            continue  # names the contract's reader cannot read: the names tests charge that
+        for site, zero in dropped_heads(r, cfg, params).items():
+            results.append((norm, site, int(zero.sum()), len(zero)))
+    for norm, site, k, n in results:
+        margin = rate_margin(n, len(results))
+        if not abs(k / n - p) < margin:
+            raise Failure(
+                f"{norm}-LN, {site}: {k} of {n} elements dropped in training mode ({k / n:.3f}), "
+                f"expected the rate {p} within {margin:.3f} (an honest model lands outside with "
+                f"probability below {DROPOUT_FALSE_ALARM / len(results):.1e})"
+            )
+
+
+# decode_step's matrix-product work (FLOPs) may grow with the position by what attending to one
+# more cached key costs, 4 d per decoder layer (scores and weighted values), but not by what one
+# more prefix row through a single d x d projection costs, 2 d^2: the bound d^2 per layer and
+# position sits between them (8x above the cache's growth at d = 32, 2x below the least a
+# recomputed prefix adds).
+@law(
+    "test_decode_step_reads_a_kv_cache",
+    "decode_step's work does not grow with the prefix beyond attending to cached keys",
+    timeout=20.0,
+)
+def check_decode_step_reads_a_kv_cache(call: Call) -> None:
+    cfg = config(d_model=32, n_heads=4, d_ff=64, n_enc=1, n_dec=2)
+    rng = np.random.default_rng(28)
+    b = batch(rng, cfg, src_lens=[5, 3], tgt_lens=[10, 10])
+    r = call(
+        "decode_step_work",
+        cfg=cfg,
+        seed=29,
+        src=b["src"],
+        src_mask=b["src_mask"],
+        tgt_in=b["tgt_in"],
+    )
+    flops = r["flops"]
+    if len(flops) != b["tgt_in"].shape[1]:
+        raise Failure(f"{len(flops)} decode_step calls counted for {b['tgt_in'].shape[1]}")
+    if not min(flops) > 0:
+        raise Failure(
+            f"decode_step's matrix products counted {flops} FLOPs per step: its work cannot be "
+            "measured (no torch matrix product ran)"
+        )
+    # from position 1 on (position 0 may project the encoder's output once for the cache)
+    d, rows = cfg["d_model"], b["tgt_in"].shape[0]
+    slope = (flops[-1] - flops[1]) / (len(flops) - 2) / rows
+    bound = cfg["n_dec"] * d * d
+    if not slope <= bound:
+        raise Failure(
+            f"decode_step's work grows by {slope:.0f} FLOPs per position and row (steps: {flops}), "
+            f"above the {bound} that attending to one more cached key stays below: it recomputes "
+            "the prefix instead of reading a KV cache"
         )
 
 

@@ -120,7 +120,7 @@ def test_the_whole_matrix_equals_the_committed_expectation(full_run):
     # the bar: impl and the copy pass everything; each pitfall dies by the seed's test
     for correct in ("impl", "torch_copy"):
         assert set(run.row(correct)) == {Outcome.PASSED}, correct
-    for mutant in catalog.PITFALLS:
+    for mutant in catalog.PITFALLS + catalog.CLAUSES:
         assert set(catalog.get(mutant).killers) <= summary.kill_sets[mutant], mutant
     assert summary.healthy and summary.score == 1.0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -207,13 +208,17 @@ def test_decode_step_equals_decode_rows_and_never_mutates_state(norm):
         rows = model.decode(tgt, memory, sm, full)
         state = model.init_state(sm)
         for t in range(tgt.shape[1]):
-            prefix_before = state.prefix.clone()
+            cache_before = [(k.clone(), v.clone()) for k, v in state.cache]
             logits, new_state = model.decode_step(tgt[:, t], memory, state)
             assert (logits - rows[:, t]).abs().max().item() <= F64_TOL
             # the same state again gives the same answer: it was not mutated
             again, _ = model.decode_step(tgt[:, t], memory, state)
-            assert torch.equal(again, logits) and torch.equal(state.prefix, prefix_before)
+            assert torch.equal(again, logits)
+            for (k, v), (k0, v0) in zip(state.cache, cache_before, strict=True):
+                assert torch.equal(k, k0) and torch.equal(v, v0)
             assert new_state.pos == state.pos + 1
+            # a KV cache: one more position of keys and values per layer, not a prefix re-run
+            assert all(k.shape[2] == t + 1 for k, _ in new_state.cache)
             state = new_state
 
 
@@ -280,18 +285,27 @@ def test_beam_search_follows_the_pinned_walk():
         (1, 2): [0.0, 0.25, 0.25, 0.5],
     }
 
+    @dataclasses.dataclass(frozen=True)
+    class Prefix:  # the scripted model's state: the tokens so far
+        prefix: torch.Tensor
+
+        def select(self, rows):
+            return Prefix(self.prefix[rows])
+
     class Scripted(torch.nn.Module):
+        cfg = tc.TransformerConfig(src_vocab=4, tgt_vocab=4, d_model=2, n_heads=1, max_len=8)
+
         def encode(self, src, src_mask):
             return torch.zeros(*src.shape, 1)
 
         def init_state(self, src_mask):
-            return tc.DecodeState(0, src_mask, torch.empty(len(src_mask), 0, dtype=torch.long))
+            return Prefix(torch.empty(len(src_mask), 0, dtype=torch.long))
 
         def decode_step(self, y_prev, memory, state):
             prefix = torch.cat([state.prefix, y_prev[:, None]], 1)
             probs = [table.get(tuple(row[1:].tolist()), [0.25] * 4) for row in prefix]
             logits = torch.tensor(probs, dtype=torch.float64).clamp_min(1e-30).log()
-            return logits, tc.DecodeState(state.pos + 1, state.src_mask, prefix)
+            return logits, Prefix(prefix)
 
     src = torch.tensor([[5]])
     # beam 2, step 2: (1,1) .30 live, (2,eos) .27 finished, (1,2) .15 live: live full, walk stops.

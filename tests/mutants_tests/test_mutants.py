@@ -42,6 +42,16 @@ def test_the_catalog_is_the_seeds_pitfall_table():
         catalog.get("s99")
 
 
+def test_the_contract_clause_mutants_are_not_the_seeds_rung():
+    # issue 12's laws: in the matrix, not required of a student's suite, not in mutation-score
+    assert catalog.CLAUSES == ("c01", "c02", "c03", "c04")
+    assert not any(catalog.get(m).required for m in catalog.CLAUSES)
+    assert not set(catalog.CLAUSES) & set(catalog.PITFALLS)
+    from harness.jobs.matrix import matrix_subjects
+
+    assert [s.name for s in matrix_subjects()][-4:] == list(catalog.CLAUSES)
+
+
 def test_a_stale_patch_fails_loudly_naming_the_mutant():
     stale = Mutant("s42", "Stale", "impl changed under it", (), (Patch("no such text", "x"),))
     with pytest.raises(PatchError, match=r"mutant s42: patch 1 of 1 .* not found"):

@@ -342,7 +342,12 @@ def _fit(module, model, data, seed, **kw) -> dict[str, Any]:
         callback=lambda step, rate, loss: calls.append([float(step), float(rate), float(loss)]),
         **kw,
     )
-    return {"losses": [float(x) for x in losses], "calls": calls, "training": model.training}
+    return {
+        "losses": [float(x) for x in losses],
+        "types": sorted({type(x).__name__ for x in losses} | {type(losses).__name__}),
+        "calls": calls,
+        "training": model.training,
+    }
 
 
 @probe
@@ -353,15 +358,25 @@ def fit_runs(module, cfg, seed, data, steps, batch, warmup, factor, lr, fit_seed
     init = {name: t.clone() for name, t in model.state_dict().items()}
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor}
     runs = {}
-    for name, mode, extra in (
-        ("noam", True, {}),
-        ("noam_again", True, {}),
-        ("constant", True, {"lr": lr}),
-        ("from_eval", False, {}),
+    for global_seed, (name, mode, extra) in enumerate(
+        (
+            ("noam", True, {}),
+            ("noam_again", True, {}),
+            ("constant", True, {"lr": lr}),
+            ("from_eval", False, {}),
+        )
     ):
         model.load_state_dict(init)
         model.train(mode)
+        torch.manual_seed(1000 + global_seed)  # fit's draws come from its seed, not from this
         runs[name] = _fit(module, model, data, fit_seed, **kw, **extra)
+    # edge sizes the contract allows: no update at all, and batches of one row
+    model.load_state_dict(init)
+    runs["no_steps"] = _fit(module, model, data, fit_seed, **{**kw, "steps": 0})
+    runs["no_steps"]["moved"] = max(
+        float((t - init[n]).abs().max()) for n, t in model.state_dict().items()
+    )
+    runs["batch_one"] = _fit(module, model, data, fit_seed, **{**kw, "steps": 2, "batch": 1})
     model.load_state_dict(init)
     model.train()
     one = _fit(module, model, data, fit_seed, **{**kw, "steps": 1})
@@ -392,10 +407,22 @@ def translations(
     model.train(train_mode)
     src = _t(src)
     outputs, modes = [], []
+    # whether any contract module ran with gradients enabled during translate
+    grad_seen: list[bool] = []
+    handles = [
+        sub.register_forward_pre_hook(lambda *_: grad_seen.append(torch.is_grad_enabled()))
+        for name, sub in model.named_modules()
+        if _CONTRACT_NAME.match(contract_name(name))
+    ]
+    types: set[str] = set()
     for beam, penalty in settings:
         out = module.translate(model, src, bos, eos, pad_id, max_len, beam, penalty)
         outputs.append([[int(tok) for tok in row] for row in out])
         modes.append(model.training)
+        types |= {type(out).__name__} | {type(row).__name__ for row in out}
+        types |= {type(tok).__name__ for row in out for tok in row}
+    for handle in handles:
+        handle.remove()
     model.eval()
     mask = src != pad_id
     tgt = torch.full((src.shape[0], 1), bos)
@@ -419,6 +446,9 @@ def translations(
         "dtype": dtype,
         "outputs": outputs,
         "training_after": modes,
+        "types": sorted(types),
+        "grad_during": any(grad_seen),
+        "modules_seen": len(grad_seen),
         "files": files,
         "safetensors_keys": header,
         "state_dict_keys": sorted(model.state_dict()),
@@ -447,6 +477,9 @@ def bad_inputs(module, cfg, seed) -> dict[str, Any]:
         "norm is not 'post' or 'pre'": _raised(
             lambda: module.Transformer(module.TransformerConfig(**{**cfg, "norm": "side"}))
         ),
+        "d_model not divisible by n_heads": _raised(
+            lambda: module.TransformerConfig(**{**cfg, "n_heads": cfg["d_model"] // 2 + 1})
+        ),
         "src_mask not bool": _raised(lambda: model(src, tgt, ok.long(), ok)),
         "tgt_mask not bool": _raised(lambda: model(src, tgt, ok, ok.float())),
         "encode mask not bool": _raised(lambda: model.encode(src, ok.int())),
@@ -460,19 +493,122 @@ def bad_inputs(module, cfg, seed) -> dict[str, Any]:
         "target row with padding at bos": _raised(
             lambda: model(src, tgt, ok, T([[False, True, True]]))
         ),
+        **_bad_inputs_past_forward(module, model, cfg, src, tgt, ok),
     }
 
 
+def _bad_inputs_past_forward(module, model, cfg, src, tgt, ok) -> dict[str, Any]:
+    """The bad inputs of CONTRACT.md's table through the other entry points: decode, init_state,
+    decode_step, fit and translate."""
+    with torch.no_grad():
+        memory = model.encode(src, ok)
+    T = torch.tensor
+    long_tgt = torch.ones(1, cfg["max_len"] + 1, dtype=torch.long)
+    two = (src.repeat(2, 1), ok.repeat(2, 1))
+
+    def steps(n: int) -> None:
+        state = model.init_state(ok)
+        for _ in range(n):
+            _, state = model.decode_step(T([1]), memory, state)
+
+    return {
+        # not errors: decoding reaches position max_len - 1, and translate max_len tokens
+        "accepted: decode_step at positions 0 .. max_len - 1": _raised(
+            lambda: steps(cfg["max_len"])
+        ),
+        "accepted: translate with the model's max_len": _raised(
+            lambda: module.translate(model, src, 1, 2, 0, cfg["max_len"])
+        ),
+        "decode: tgt_mask not bool": _raised(lambda: model.decode(tgt, memory, ok, ok.float())),
+        "decode: src_mask not bool": _raised(lambda: model.decode(tgt, memory, ok.long(), ok)),
+        "decode: tgt_mask shape differs from tgt_in": _raised(
+            lambda: model.decode(tgt, memory, ok, ok[:, :2])
+        ),
+        "decode: src_mask shape differs from memory": _raised(
+            lambda: model.decode(tgt, memory, ok[:, :2], ok)
+        ),
+        "decode: src_mask of more rows than memory": _raised(
+            lambda: model.decode(tgt, memory, two[1], ok)
+        ),
+        "decode: batch sizes differ": _raised(
+            lambda: model.decode(tgt, memory.repeat(2, 1, 1), two[1], ok)
+        ),
+        "decode: target longer than max_len": _raised(
+            lambda: model.decode(long_tgt, memory, ok, torch.ones_like(long_tgt, dtype=torch.bool))
+        ),
+        "decode: source row with no real token": _raised(
+            lambda: model.decode(tgt, memory, torch.zeros_like(ok), ok)
+        ),
+        "init_state: src_mask not bool": _raised(lambda: model.init_state(ok.long())),
+        "init_state: source row with no real token": _raised(
+            lambda: model.init_state(torch.zeros_like(ok))
+        ),
+        "decode_step: y_prev of another batch size": _raised(
+            lambda: model.decode_step(T([1, 1]), memory, model.init_state(ok))
+        ),
+        "decode_step: memory of another batch size": _raised(
+            lambda: model.decode_step(T([1]), memory.repeat(2, 1, 1), model.init_state(ok))
+        ),
+        "decode_step: past max_len": _raised(lambda: steps(cfg["max_len"] + 1)),
+        "fit: src and tgt rows differ": _raised(
+            lambda: module.fit(model, two[0], tgt, steps=1, batch=2, pad_id=0)
+        ),
+        "translate: max_len past the model's": _raised(
+            lambda: module.translate(model, src, 1, 2, 0, cfg["max_len"] + 1)
+        ),
+    }
+
+
+class _Stop(Exception):
+    """Raised from fit's callback to end training early."""
+
+
 @probe
-def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr):
+def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr, stop=None):
     """fit for `steps` updates; the trained weights, which the parent judges with the oracle
-    (never the subject's own logits or loss)."""
+    (never the subject's own logits or loss).
+
+    stop (optional) {"src", "tgt", "pad_id", "every", "below"}: after every `every`-th update the
+    model's own eval-mode cross-entropy on those rows is computed here (numpy's log-softmax of
+    its logits), and fit is ended once it is at most `below`. Only when to stop rests on the
+    subject's numbers; the verdict is the parent's, on the weights. Eval-mode passes draw no
+    random numbers, so the updates run are the same as without the checks.
+    """
     torch.manual_seed(seed)
     # the model's own dtype (float32 as users train it): a learning bar, not a rounding check
     model = module.Transformer(module.TransformerConfig(**cfg))
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
-    run = _fit(module, model, data, seed, **kw)
-    return {"losses": run["losses"], "state_dict": _state_dict(model)}
+    updates = [0]
+
+    def own_loss() -> float:
+        src, tgt, pad = _t(stop["src"]), _t(stop["tgt"]), stop["pad_id"]
+        tgt_in, tgt_out = tgt[:, :-1], stop["tgt"][:, 1:]
+        model.eval()
+        try:
+            with torch.no_grad():
+                z = _np(model(src, tgt_in, src != pad, tgt_in != pad))
+        finally:
+            model.train()
+        z = z - z.max(axis=-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+        real = tgt_out != pad
+        picked = np.take_along_axis(logp, tgt_out[..., None], axis=-1)[..., 0]
+        return float(-(picked * real).sum() / real.sum())
+
+    def callback(step, rate, loss) -> None:
+        updates[0] = int(step) + 1
+        if stop is not None and updates[0] % stop["every"] == 0 and own_loss() <= stop["below"]:
+            raise _Stop
+
+    try:
+        losses = module.fit(
+            model, _t(data["src"]), _t(data["tgt"]), pad_id=data["pad_id"], seed=seed,
+            callback=callback, **kw,
+        )  # fmt: skip
+        losses = [float(x) for x in losses]
+    except _Stop:
+        losses = None
+    return {"losses": losses, "updates": updates[0], "state_dict": _state_dict(model)}
 
 
 # torch's nn.TransformerEncoder/Decoder names (the torch copy's) -> the contract's.
@@ -513,3 +649,84 @@ def module_outputs(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[s
         "outputs": {k: v["output"] for k, v in seen.items()},
         "logits": _np(logits),
     }
+
+
+def _first(value: Any) -> Any:
+    """A module's input or output as the hooks read it: a tuple by its first element."""
+    return value[0] if isinstance(value, tuple) and value else value
+
+
+@probe
+def dropout_sites(module, cfg, seed, src, tgt_in, src_mask, tgt_mask, draw) -> dict[str, Any]:
+    """What enters and leaves each contract-named submodule in one forward pass in eval mode,
+    then in one in training mode (torch.manual_seed(draw) first), with gradients enabled (under
+    no_grad torch's own layers take a fused path that skips their submodules' hooks).
+
+    For each pass: {name: {"in": first positional input, "out": output}} of the module's first
+    call (a tuple counts by its first element); and the state_dict, whose out_proj weights let
+    the parent split an attention output into its heads.
+    """
+    model, dtype = build(module, cfg, seed)
+    inputs = (_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
+    seen: dict[str, dict[str, np.ndarray]] = {}
+
+    def hooks(name: str):
+        def before(mod: torch.nn.Module, args: Any) -> None:
+            first = _first(args)
+            if isinstance(first, torch.Tensor) and "in" not in seen.setdefault(name, {}):
+                seen[name]["in"] = _np(first)
+
+        def after(mod: torch.nn.Module, args: Any, out: Any) -> None:
+            first = _first(out)
+            if isinstance(first, torch.Tensor) and "out" not in seen.setdefault(name, {}):
+                seen[name]["out"] = _np(first)
+
+        return before, after
+
+    for name, sub in model.named_modules():
+        if _CONTRACT_NAME.match(contract_name(name)):
+            before, after = hooks(contract_name(name))
+            sub.register_forward_pre_hook(before)
+            sub.register_forward_hook(after)
+    passes = {}
+    for mode in ("eval", "train"):
+        seen = {}
+        model.train(mode == "train")
+        torch.manual_seed(draw)
+        model(*inputs)
+        passes[mode] = seen
+    return {"dtype": dtype, "state_dict": _state_dict(model), **passes}
+
+
+@probe
+def train_eval_logits(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+    """One model's logits in eval mode and in training mode, with gradients enabled (the same
+    path in both modes: under no_grad torch's own layers take a fused path in eval mode only)."""
+    model, dtype = build(module, cfg, seed)
+    inputs = (_t(src), _t(tgt_in), _t(src_mask), _t(tgt_mask))
+    out = {}
+    for mode in ("eval", "train"):
+        model.train(mode == "train")
+        torch.manual_seed(0)
+        out[mode] = _np(model(*inputs))
+    return {"dtype": dtype, **out}
+
+
+@probe
+def decode_step_work(module, cfg, seed, src, src_mask, tgt_in) -> dict[str, Any]:
+    """The floating-point operations of matrix products (torch's FlopCounterMode: mm, addmm, bmm,
+    attention kernels) in each decode_step call, position by position from init_state."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, dtype = build(module, cfg, seed)
+    src, src_mask, tgt_in = _t(src), _t(src_mask), _t(tgt_in)
+    flops = []
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        state = model.init_state(src_mask)
+        for t in range(tgt_in.shape[1]):
+            counter = FlopCounterMode(display=False)
+            with counter:
+                _, state = model.decode_step(tgt_in[:, t], memory, state)
+            flops.append(int(counter.get_total_flops()))
+    return {"dtype": dtype, "flops": flops}
