@@ -252,12 +252,22 @@ def _first_call(model: torch.nn.Module, names: Any) -> dict[str, dict[str, Any]]
 
         return record
 
+    for name, sub in contract_modules(model).items():
+        if names(name):
+            sub.register_forward_hook(hook(name), with_kwargs=True)
+    return seen
+
+
+def contract_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The submodules that carry the contract's module names, by those names: torch's stack
+    names translated, and looked for inside a wrapper module when not at the model's top."""
     modules = dict(model.named_modules())
     wrapper = _wrapper(modules)
+    found = {}
     for name, sub in modules.items():
-        if name.startswith(wrapper) and names(contract_name(name[len(wrapper) :])):
-            sub.register_forward_hook(hook(contract_name(name[len(wrapper) :])), with_kwargs=True)
-    return seen
+        if name.startswith(wrapper) and _CONTRACT_NAME.match(contract_name(name[len(wrapper) :])):
+            found.setdefault(contract_name(name[len(wrapper) :]), sub)
+    return found
 
 
 def _wrapper(modules: dict[str, torch.nn.Module]) -> str:
@@ -411,8 +421,7 @@ def translations(
     grad_seen: list[bool] = []
     handles = [
         sub.register_forward_pre_hook(lambda *_: grad_seen.append(torch.is_grad_enabled()))
-        for name, sub in model.named_modules()
-        if _CONTRACT_NAME.match(contract_name(name))
+        for sub in contract_modules(model).values()
     ]
     types: set[str] = set()
     for beam, penalty in settings:
@@ -683,11 +692,10 @@ def dropout_sites(module, cfg, seed, src, tgt_in, src_mask, tgt_mask, draw) -> d
 
         return before, after
 
-    for name, sub in model.named_modules():
-        if _CONTRACT_NAME.match(contract_name(name)):
-            before, after = hooks(contract_name(name))
-            sub.register_forward_pre_hook(before)
-            sub.register_forward_hook(after)
+    for name, sub in contract_modules(model).items():
+        before, after = hooks(name)
+        sub.register_forward_pre_hook(before)
+        sub.register_forward_hook(after)
     passes = {}
     for mode in ("eval", "train"):
         seen = {}
