@@ -302,6 +302,9 @@ class Transformer(nn.Module):
         return DecodeState(0, src_mask, (None,) * len(self.decoder), None)
 
     def decode_step(self, y_prev, memory, state):
+        B, S = state.src_mask.shape
+        if memory.dim() != 3 or tuple(memory.shape) != (B, S, self.cfg.d_model):
+            raise ValueError(f"memory must be [B, S, d] = {(B, S, self.cfg.d_model)}")
         if y_prev.dim() != 1 or y_prev.size(0) != state.src_mask.size(0):
             raise ValueError("y_prev must be [B] like the state")
         if state.pos >= self.cfg.max_len:
@@ -351,6 +354,8 @@ def fit(
     seed=0,
     callback=None,
 ):
+    if src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"src has {src.shape[0]} rows, tgt {tgt.shape[0]}")
     "Teacher forcing: the model reads tgt[:, :-1] and predicts tgt[:, 1:]."
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
@@ -415,6 +420,8 @@ def beam_search(model, memory, src_mask, bos, eos, max_len, beam_size, length_pe
 
 
 def translate(model, src, bos, eos, pad_id, max_len, beam_size=1, length_penalty=1.0):
+    if max_len > model.cfg.max_len:
+        raise ValueError(f"max_len={max_len} is above the model's {model.cfg.max_len}")
     was_training = model.training
     model.eval()
     with torch.no_grad():

@@ -257,6 +257,8 @@ def _check_src(src_mask):
 class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
         if cfg.norm not in ("post", "pre"):
             raise ValueError(f"unknown norm {cfg.norm!r}")
         self.cfg = cfg
@@ -319,6 +321,9 @@ class Transformer(nn.Module):
         return DecodeState(0, src_mask, None)
 
     def decode_step(self, y_prev, memory, state):
+        B, S = state.src_mask.shape
+        if memory.dim() != 3 or tuple(memory.shape) != (B, S, self.cfg.d_model):
+            raise ValueError(f"memory must be [B, S, d] = {(B, S, self.cfg.d_model)}")
         if y_prev.shape != (state.src_mask.shape[0],):
             raise ValueError(f"y_prev must have shape [B], got {tuple(y_prev.shape)}")
         if state.pos >= self.cfg.max_len:
@@ -362,6 +367,8 @@ def fit(
     seed=0,
     callback=None,
 ):
+    if src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"src has {src.shape[0]} rows, tgt {tgt.shape[0]}")
     g = torch.Generator().manual_seed(seed)
     opt = make_optimizer(model)
     mode = model.training
@@ -424,6 +431,8 @@ def _beam(model, memory, src_mask, bos, eos, max_len, k, alpha):
 
 
 def translate(model, src, bos, eos, pad_id, max_len, beam_size=1, length_penalty=1.0):
+    if max_len > model.cfg.max_len:
+        raise ValueError(f"max_len={max_len} is above the model's {model.cfg.max_len}")
     mode = model.training
     model.eval()
     try:

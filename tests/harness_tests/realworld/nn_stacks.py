@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
@@ -103,10 +104,10 @@ def load_hook(module, state_dict, prefix, local_metadata, strict, missing, unexp
 class DecodeState:
     pos: int
     src_mask: Tensor
-    seen: tuple  # per decoder layer: its self-attention inputs so far [B, pos, d], or None
+    seen: tuple  # per decoder layer: its self-attention keys and values so far, or None
 
     def select(self, rows):
-        seen = tuple(None if s is None else s[rows] for s in self.seen)
+        seen = tuple(None if s is None else (s[0][rows], s[1][rows]) for s in self.seen)
         return DecodeState(self.pos, self.src_mask[rows], seen)
 
 
@@ -129,6 +130,8 @@ def check_src_mask(src_mask):
 class Transformer(nn.Module):
     def __init__(self, cfg: TransformerConfig):
         super().__init__()
+        if cfg.d_model % cfg.n_heads:
+            raise ValueError(f"d_model={cfg.d_model} is not divisible by n_heads={cfg.n_heads}")
         self.cfg = cfg
         d, pre = cfg.d_model, cfg.norm == "pre"
         layer_kwargs = dict(
@@ -210,6 +213,9 @@ class Transformer(nn.Module):
         return DecodeState(0, src_mask, (None,) * len(self.decoder.layers))
 
     def decode_step(self, y_prev, memory, state):
+        B, S = state.src_mask.shape
+        if memory.dim() != 3 or tuple(memory.shape) != (B, S, self.cfg.d_model):
+            raise ValueError(f"memory must be [B, S, d] = {(B, S, self.cfg.d_model)}")
         if y_prev.shape != state.src_mask.shape[:1]:
             raise ValueError("y_prev must be [B]")
         if state.pos >= self.cfg.max_len:
@@ -224,12 +230,27 @@ class Transformer(nn.Module):
         return self.project(x)[:, 0], DecodeState(state.pos + 1, state.src_mask, tuple(seen))
 
 
+def cached_self_attention(attn, h, past):
+    """nn.MultiheadAttention's computation for the newest position h [B, 1, d], reading the
+    earlier positions' keys and values from `past` ([B, heads, t, d_k] each) instead of
+    projecting the prefix again. Returns the output and the extended (K, V)."""
+    B, _, d = h.shape
+    heads = attn.num_heads
+    q, k, v = F.linear(h, attn.in_proj_weight, attn.in_proj_bias).split(d, dim=-1)
+    q, k, v = (t.view(B, 1, heads, d // heads).transpose(1, 2) for t in (q, k, v))
+    if past is not None:
+        k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+    out = F.scaled_dot_product_attention(q, k, v)  # every cached position is <= the newest
+    return attn.out_proj(out.transpose(1, 2).reshape(B, 1, d)), (k, v)
+
+
 def layer_step(layer, x, past, memory, memory_padding):
-    """One nn.TransformerDecoderLayer on the newest position x [B, 1, d]; `past` holds what its
-    self-attention read at the earlier positions. Returns x and the extended inputs."""
+    """One nn.TransformerDecoderLayer on the newest position x [B, 1, d]; `past` holds its
+    self-attention's keys and values at the earlier positions (a KV cache). Returns x and the
+    extended cache."""
     h = layer.norm1(x) if layer.norm_first else x
-    inputs = h if past is None else torch.cat([past, h], dim=1)
-    a = layer.dropout1(layer.self_attn(h, inputs, inputs, need_weights=False)[0])
+    a, inputs = cached_self_attention(layer.self_attn, h, past)
+    a = layer.dropout1(a)
     if layer.norm_first:
         x = x + a
         q = layer.norm2(x)
@@ -277,6 +298,8 @@ def fit(
     seed=0,
     callback=None,
 ):
+    if src.shape[0] != tgt.shape[0]:
+        raise ValueError(f"src has {src.shape[0]} rows, tgt {tgt.shape[0]}")
     torch.manual_seed(seed)
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(src, tgt),
@@ -350,6 +373,8 @@ def beam_search(model, memory, src_mask, bos, eos, max_len, beam_size, length_pe
 
 
 def translate(model, src, bos, eos, pad_id, max_len, beam_size=1, length_penalty=1.0):
+    if max_len > model.cfg.max_len:
+        raise ValueError(f"max_len={max_len} is above the model's {model.cfg.max_len}")
     training = model.training
     model.eval()
     results = []

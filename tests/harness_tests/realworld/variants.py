@@ -43,8 +43,14 @@ BEAM = "test_beam_search_matches_oracle"
 DROPOUT = "test_dropout_only_in_training"
 LEARNS = "test_learns_reversed_addition"
 
-# the bases, which must pass every shared test
+# the bases, which must pass every shared test but those BASE_FAILING names
 BASES = ("annotated.py", "fused.py", "nn_stacks.py", "functional.py")
+
+# functional.py computes everything with torch.nn.functional from parameter-only modules that are
+# never called. CONTRACT.md requires the contract's modules to be real submodules called in the
+# forward pass (dropout at each site is observed at their inputs and outputs), so that one law
+# cannot be judged on it, and fails as such; every value law still holds and is judged.
+BASE_FAILING = {"functional.py": ["test_dropout_at_every_site"]}
 
 
 VARIANTS: list[dict] = [
