@@ -487,7 +487,10 @@ def bad_inputs(module, cfg, seed) -> dict[str, Any]:
             lambda: module.Transformer(module.TransformerConfig(**{**cfg, "norm": "side"}))
         ),
         "d_model not divisible by n_heads": _raised(
-            lambda: module.TransformerConfig(**{**cfg, "n_heads": cfg["d_model"] // 2 + 1})
+            # at the config or at the model, like the norm's check
+            lambda: module.Transformer(
+                module.TransformerConfig(**{**cfg, "n_heads": cfg["d_model"] // 2 + 1})
+            )
         ),
         "src_mask not bool": _raised(lambda: model(src, tgt, ok.long(), ok)),
         "tgt_mask not bool": _raised(lambda: model(src, tgt, ok, ok.float())),
