@@ -4,18 +4,19 @@ Running and judging are apart. Each subject is loaded in its own worker process,
 its `Launch` says (harness.isolation: a sandbox for untrusted code, the fork server for trusted
 code); the tests' checks run here, in the parent, on plain data the worker sends back. A hang
 is a timeout cell, a crash an error cell, and either way a fresh worker runs the subject's
-remaining tests. Subjects run in parallel threads, each thread driving one worker.
+remaining tests. A subject's row is one unit of work (harness.work): by default subjects run in
+parallel threads, each thread driving one worker; given a Dask executor, each row runs on a Dask
+worker (`run_row`: plain data in, plain data out, the subject forked there, judged there by
+this same trusted code).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from harness.isolation.worker import (
 from harness.outcomes import Outcome
 from harness.shared_tests.record import Failure, Test
 from harness.subjects import Subject
+from harness.work import Executor, LocalExecutor, Unit
 
 
 @dataclass(frozen=True)
@@ -188,39 +190,116 @@ def run_suite(
     jobs: int | None = None,
     progress: Progress | None = None,
     launch: Callable[[Subject], Launch] = trusted,
+    executor: Executor | None = None,
+    only: Mapping[str, Sequence[str]] | None = None,
 ) -> SuiteRun:
-    """Every test on every subject: up to `jobs` subjects at once (default: the CPU count),
-    each subject's workers started as `launch` says."""
+    """Every test on every subject: each subject's row a unit of `executor` (default: up to
+    `jobs` subjects at once in threads here, the CPU count by default), each subject's workers
+    started as `launch` says. `only`: subject -> the test names to run on it (the others are
+    left out of the run's cells; the incremental cache fills them)."""
     names = [t.name for t in tests]
     if len(set(names)) != len(names):
         raise ValueError(f"test names must be unique, got {names}")
     if len({s.name for s in subjects}) != len(subjects):
         raise ValueError(f"subject names must be unique, got {[s.name for s in subjects]}")
     run = SuiteRun(list(tests), list(subjects))
-    total = len(tests) * len(subjects)
+    todo = {
+        s.name: [t for t in tests if only is None or t.name in only.get(s.name, ())]
+        for s in subjects
+    }
+    total = sum(map(len, todo.values()))
     lock = threading.Lock()
     started = time.monotonic()
 
-    def one(subject: Subject) -> None:
+    def record(subject: Subject, test: Test, cell: Cell) -> None:
+        with lock:
+            run.cells[(test.name, subject.name)] = cell
+            if progress is not None:
+                progress(subject, test, cell, sum(len(c) for c in done_cells.values()), total)
+
+    done_cells: dict[str, set[str]] = {s.name: set() for s in subjects}
+
+    def one(subject: Subject) -> Row:
         t0 = time.monotonic()
 
         def on_cell(test: Test, cell: Cell) -> None:
-            with lock:
-                run.cells[(test.name, subject.name)] = cell
-                if progress is not None:
-                    progress(subject, test, cell, len(run.cells), total)
+            done_cells[subject.name].add(test.name)
+            record(subject, test, cell)
 
-        _, starts = run_subject(subject, tests, on_cell, launch)
+        cells, starts = run_subject(subject, todo[subject.name], on_cell, launch)
+        return Row(cells, starts, time.monotonic() - t0, live=True)
+
+    def done(i: int, row: Row) -> None:
+        subject = subjects[i]
+        if not row.live:  # a remote row: its cells arrive together
+            for test in todo[subject.name]:
+                done_cells[subject.name].add(test.name)
+                record(subject, test, row.cells[test.name])
         with lock:
-            run.subject_seconds[subject.name] = time.monotonic() - t0
-            run.worker_starts[subject.name] = len(starts)
-            run.start_seconds[subject.name] = starts
+            run.subject_seconds[subject.name] = row.seconds
+            run.worker_starts[subject.name] = len(row.starts)
+            run.start_seconds[subject.name] = row.starts
 
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        for future in [pool.submit(one, s) for s in subjects]:
-            future.result()
+    units = [_row_unit(s, todo[s.name], launch, one) for s in subjects]
+    (executor or LocalExecutor(jobs)).run(units, done)
     run.wall_seconds = time.monotonic() - started
     return run
+
+
+@dataclass
+class Row:
+    """One subject's row: its cells by test name, each worker start's seconds, its time."""
+
+    cells: dict[str, Cell]
+    starts: list[float]
+    seconds: float
+    live: bool = False  # its cells were reported one by one as they came (run here)
+
+
+def _row_unit(
+    subject: Subject,
+    tests: Sequence[Test],
+    launch: Callable[[Subject], Launch],
+    one: Callable[[Subject], Row],
+) -> Unit[Row]:
+    def payload() -> dict[str, Any]:
+        from harness.shared_tests.laws import BY_NAME
+
+        if launch is not trusted:
+            raise ValueError("only trusted subjects' rows run on a cluster (the matrix's)")
+        strays = [t.name for t in tests if BY_NAME.get(t.name) is not t]
+        if strays:
+            raise ValueError(f"only the registered shared tests run on a cluster, not {strays}")
+        load = subject.payload()
+        return {"subject": subject.to_json(), "load": load, "tests": [t.name for t in tests]}
+
+    def lost(why: str) -> Row:
+        return Row({t.name: Cell(Outcome.ERROR, why) for t in tests}, [], 0.0)
+
+    return Unit(subject.name, lambda: one(subject), run_row, payload, decode_row, lost)
+
+
+def run_row(payload: dict[str, Any]) -> dict[str, Any]:
+    """A row as a remote unit (on a Dask worker): the named shared tests on one trusted subject,
+    loaded from the source text in `payload` by a worker forked from this machine's fork server,
+    and judged here by the same checks; plain data in, plain data out."""
+    from harness.shared_tests.laws import BY_NAME
+
+    subject = Subject.from_json(payload["subject"])
+    tests = [BY_NAME[name] for name in payload["tests"]]
+    t0 = time.monotonic()
+    spec = payload["load"]
+    cells, starts = run_subject(subject, tests, lambda t, c: None, lambda s: Launch(forked, spec))
+    return {
+        "cells": {n: [c.outcome.value, c.message, c.seconds] for n, c in cells.items()},
+        "starts": starts,
+        "seconds": time.monotonic() - t0,
+    }
+
+
+def decode_row(data: dict[str, Any]) -> Row:
+    cells = {n: Cell(Outcome(o), m, s) for n, (o, m, s) in data["cells"].items()}
+    return Row(cells, list(data["starts"]), data["seconds"])
 
 
 def print_progress(subject: Subject, test: Test, cell: Cell, done: int, total: int) -> None:

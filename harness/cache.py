@@ -1,0 +1,192 @@
+"""The incremental cell cache: a cell is re-run only when something that decides it changed.
+
+A cell's key is a content hash (harness.fingerprint) of everything that determines its outcome:
+
+- the subject's source as its worker loads it (a mutant's: impl's source with its patch applied,
+  so a one-line change of one mutant's patch changes that mutant's row only);
+- the test: its record (name, time limit) and its check's code with every helper of its module it
+  reaches by name (a change to one check changes that column only);
+- what every check shares: the verdicts, the inputs and the calibrated data (harness/data, the
+  expectation file aside), the oracle's source, the probes and the rest of the worker's code, the
+  wire format, the engine and the outcome rules;
+- the versions of Python, numpy and torch, and the machine kind.
+
+Only verdicts are kept: passed, killed and not applicable. Timeouts and errors say as much about
+the machine as about the subject (load, a killed process), so those cells always run again.
+
+The store is a plain directory: one small JSON file per entry, `ROOT/ab/abcdef....json`, written
+to a private temporary file in the same folder, flushed to disk, then renamed over the entry's
+name. A rename within one filesystem is atomic, so a reader sees the old entry, the new one, or
+none, never half of one; concurrent writers of one key write the same content and the last rename
+wins; a run killed mid-write leaves only a temporary file no reader opens. Each entry also holds
+its key and a hash of its content, so a file damaged any other way (a full disk, a copy cut
+short) is read as a miss and written again. A directory was chosen over SQLite because it needs
+no lock at all (SQLite serialises writers with file locks, which network filesystems, the usual
+home of a cache shared by a cluster's machines, often break) and a damaged entry costs one cell,
+never the whole store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from harness import fingerprint
+from harness.engine import Cell, Progress, SuiteRun, run_suite
+from harness.outcomes import Outcome
+from harness.shared_tests.record import Test
+from harness.subjects import Subject
+from harness.work import Executor
+
+FORMAT = 1
+# Outcomes worth keeping: the subject's verdict, not the machine's weather.
+KEPT = (Outcome.PASSED, Outcome.KILLED, Outcome.NOT_APPLICABLE)
+# What every check shares (the test's own check is hashed apart, by code_closure).
+SHARED = (
+    "oracle",
+    "harness/shared_tests/inputs.py",
+    "harness/shared_tests/verdicts.py",
+    "harness/shared_tests/record.py",
+    "harness/data/float32_tolerance.json",
+    "harness/data/learning_bar.json",
+    "harness/isolation/child",
+    "harness/isolation/worker.py",
+    "harness/isolation/forkserver.py",
+    "harness/wire.py",
+    "harness/engine.py",
+    "harness/outcomes.py",
+    "harness/subjects.py",
+)
+
+
+def default_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "xfmr-oracle" / "cells"
+
+
+class Store:
+    """A directory of entries, each a JSON value under a hex key (see the module's docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.damaged = 0  # entries found unreadable in this process, each read as a miss
+
+    def _path(self, key: str) -> Path:
+        if len(key) < 8 or not all(c in "0123456789abcdef" for c in key):
+            raise ValueError(f"a cache key is lowercase hex, got {key!r}")
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> Any | None:
+        """The value stored under `key`, or None if absent or damaged."""
+        path = self._path(key)
+        try:
+            entry = json.loads(path.read_bytes())
+            ok = (
+                isinstance(entry, dict)
+                and entry.get("format") == FORMAT
+                and entry.get("key") == key
+                and entry.get("check") == fingerprint.digest(entry.get("value"))
+            )
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            ok = False
+        if not ok:
+            self.damaged += 1
+            return None
+        return entry["value"]
+
+    def put(self, key: str, value: Any) -> None:
+        """Store `value` (JSON-able) under `key`, atomically (see the module's docstring)."""
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"format": FORMAT, "key": key, "value": value, "check": fingerprint.digest(value)}
+        fd, temporary = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(json.dumps(entry).encode())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+
+# --- the matrix's cells -----------------------------------------------------------------------
+
+
+@cache
+def shared_code() -> str:
+    return fingerprint.digest(
+        fingerprint.files_digest(fingerprint.tree(*SHARED)), fingerprint.versions()
+    )
+
+
+@cache
+def _test_code(test: Test) -> str:
+    return fingerprint.digest(test.name, test.timeout, fingerprint.code_closure(test.check))
+
+
+def cell_keys(tests: Sequence[Test], subjects: Sequence[Subject]) -> dict[tuple[str, str], str]:
+    """(test, subject) -> the cell's key."""
+    shared = shared_code()
+    loads = {s.name: s.payload() for s in subjects}
+    return {
+        (t.name, s.name): fingerprint.digest("matrix-cell", shared, _test_code(t), loads[s.name])
+        for t in tests
+        for s in subjects
+    }
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What an incremental run took from the cache and what it ran."""
+
+    reused: int
+    ran: int
+    damaged: int
+
+    def line(self) -> str:
+        total = self.reused + self.ran
+        damaged = f"; {self.damaged} damaged entries ignored" if self.damaged else ""
+        return f"incremental: {self.reused} of {total} cells reused, {self.ran} run{damaged}"
+
+
+def incremental_suite(
+    tests: Sequence[Test],
+    subjects: Sequence[Subject],
+    store: Store,
+    jobs: int | None = None,
+    progress: Progress | None = None,
+    executor: Executor | None = None,
+) -> tuple[SuiteRun, Reuse]:
+    """run_suite, taking from `store` every cell whose key it holds, running only the rest, and
+    storing what they gave. The run holds every cell either way (a --check sees them all)."""
+    started = time.monotonic()
+    keys = cell_keys(tests, subjects)
+    kept: dict[tuple[str, str], Cell] = {}
+    for (test, subject), key in keys.items():
+        value = store.get(key)
+        if value is not None:
+            kept[(test, subject)] = Cell(Outcome(value["outcome"]), value["message"], 0.0)
+    only = {s.name: [t.name for t in tests if (t.name, s.name) not in kept] for s in subjects}
+    busy = [s for s in subjects if only[s.name]]
+    fresh = run_suite(tests, busy, jobs, progress, executor=executor, only=only)
+    for cell_id, cell in fresh.cells.items():
+        if cell.outcome in KEPT:
+            store.put(keys[cell_id], {"outcome": cell.outcome.value, "message": cell.message})
+    run = SuiteRun(list(tests), list(subjects), cells={**kept, **fresh.cells})
+    for s in subjects:
+        run.subject_seconds[s.name] = fresh.subject_seconds.get(s.name, 0.0)
+        run.worker_starts[s.name] = fresh.worker_starts.get(s.name, 0)
+        run.start_seconds[s.name] = fresh.start_seconds.get(s.name, [])
+    run.wall_seconds = time.monotonic() - started
+    return run, Reuse(len(kept), len(fresh.cells), store.damaged)
