@@ -18,18 +18,18 @@ every mutant whose record is marked `required` killed and score >= 0.80 (the see
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import secrets
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness import work
 from harness.analysis import Summary, summarize
 from harness.engine import Cell, Launch, SuiteRun, unjudgeable
 from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput, staged, starter
@@ -219,8 +219,10 @@ def mutation_score(
     jobs: int | None = None,
     progress: Callable[[str, SubjectRun], None] | None = None,
     unsafe: bool = False,
+    executor: work.Executor | None = None,
 ) -> Score:
-    """Run the suite on every subject (up to `jobs` at once) and score it."""
+    """Run the suite on every subject, each subject's run a unit of `executor` (default: up to
+    `jobs` at once here), and score it."""
     tests_dir = Path(tests_dir).resolve()
     if not tests_dir.is_dir():
         raise FileNotFoundError(f"TESTS must be a folder of pytest files, got {tests_dir}")
@@ -231,24 +233,73 @@ def mutation_score(
     correct = [s for s in subs if s.is_correct]
     mutants = [s for s in subs if not s.is_correct]
     lock = threading.Lock()
+    ex = executor or work.LocalExecutor(jobs)
+    shipped: dict[str, Any] = {}  # the suite as plain data, packed once if a unit is shipped
 
-    def one(s: Subject) -> SubjectRun:
-        r = run_on(sources[s.name], tests_dir, module_name, limits, time_limit, unsafe)
-        if progress is not None:
-            with lock:
-                progress(s.name, r)
-        return r
+    def unit(s: Subject) -> work.Unit[SubjectRun]:
+        def payload() -> dict[str, Any]:
+            if not shipped:
+                with staged({"tests": tests_dir}):  # refused here as a local run refuses it
+                    shipped["tests"] = work.pack(tests_dir)
+            return {
+                "source": sources[s.name],
+                "tests": shipped["tests"],
+                "module_name": module_name,
+                "limits": asdict(limits),
+                "time_limit": time_limit,
+                "unsafe": unsafe,
+            }
+
+        return work.Unit(
+            s.name,
+            lambda: run_on(sources[s.name], tests_dir, module_name, limits, time_limit, unsafe),
+            run_shipped,
+            payload,
+            lambda data: SubjectRun(**{**data, "cells": _cells(data["cells"])}),
+            lambda why: SubjectRun(error=why),
+            sandboxed=not unsafe,
+        )
 
     runs: dict[str, SubjectRun] = {}
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        # the correct subjects first: a suite that does not even collect on impl is broken, and
-        # running it on the mutants would only repeat pytest's own error eleven times
-        for wave in (secret.sample(correct, len(correct)), secret.sample(mutants, len(mutants))):
-            runs.update(zip([s.name for s in wave], pool.map(one, wave), strict=True))
-            impl = runs["impl"]
-            if not impl.collected or (impl.error and not impl.cells):
-                raise SuiteBroken(impl.error or "pytest collected no test on impl")
+    # the correct subjects first: a suite that does not even collect on impl is broken, and
+    # running it on the mutants would only repeat pytest's own error eleven times
+    for wave in (secret.sample(correct, len(correct)), secret.sample(mutants, len(mutants))):
+
+        def done(i: int, r: SubjectRun, wave: list[Subject] = wave) -> None:
+            if progress is not None:
+                with lock:
+                    progress(wave[i].name, r)
+
+        results = ex.run([unit(s) for s in wave], done)
+        runs.update(zip([s.name for s in wave], results, strict=True))
+        impl = runs["impl"]
+        if not impl.collected or (impl.error and not impl.cells):
+            raise SuiteBroken(impl.error or "pytest collected no test on impl")
     return _score(subs, runs, module_name, time_limit, time.monotonic() - started)
+
+
+def run_shipped(payload: dict[str, Any]) -> dict[str, Any]:
+    """One subject's run as a remote unit (on a Dask worker): the shipped suite recreated in a
+    private folder, run by run_on() exactly as here (sandboxed on this machine), the result
+    returned as plain data."""
+    with tempfile.TemporaryDirectory(prefix="xfmr-shipped-") as folder:
+        tests_dir = Path(folder) / "tests"
+        work.unpack(payload["tests"], tests_dir)
+        r = run_on(
+            payload["source"],
+            tests_dir,
+            payload["module_name"],
+            Limits(**payload["limits"]),
+            payload["time_limit"],
+            payload["unsafe"],
+        )
+    data = asdict(r)
+    data["cells"] = {k: [c.outcome.value, c.message, c.seconds] for k, c in r.cells.items()}
+    return data
+
+
+def _cells(data: dict[str, list]) -> dict[str, Cell]:
+    return {k: Cell(Outcome(o), m, sec) for k, (o, m, sec) in data.items()}
 
 
 class SuiteBroken(Exception):
@@ -425,6 +476,7 @@ def configure_mutation_score(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jobs", type=positive(int), default=None, help="subjects at once (default: CPUs)"
     )
+    work.add_scheduler(parser)
 
 
 def run_mutation_score(args: argparse.Namespace) -> int:
@@ -437,16 +489,21 @@ def run_mutation_score(args: argparse.Namespace) -> int:
     if problem := isolation_problem(args):
         return usage_error("mutation-score", problem)
     try:
-        s = mutation_score(
-            args.tests,
-            args.module,
-            Limits(memory_mb=args.memory_mb),
-            args.time_limit,
-            args.jobs,
-            progress,
-            args.unsafe_no_sandbox,
-        )
-    except (FileNotFoundError, UnsafeInput) as e:
+        executor = work.executor(args.scheduler, args.jobs)
+        try:
+            s = mutation_score(
+                args.tests,
+                args.module,
+                Limits(memory_mb=args.memory_mb),
+                args.time_limit,
+                args.jobs,
+                progress,
+                args.unsafe_no_sandbox,
+                executor,
+            )
+        finally:
+            executor.close()
+    except (FileNotFoundError, UnsafeInput, work.ClusterProblem, work.TooLarge) as e:
         return usage_error("mutation-score", str(e))
     except SuiteBroken as e:
         return usage_error("mutation-score", f"the suite is broken, no mutant was run: {e}")
