@@ -131,7 +131,8 @@ class DaskExecutor:
         except (WorkerMismatch, NoSandbox) as e:
             raise ClusterProblem(str(e)) from None
         except KilledWorker as e:
-            return unit.lost(f"the Dask workers running {unit.label} kept dying ({e})")
+            tries = getattr(e, "allowed_failures", 0) + 1
+            return unit.lost(f"the Dask workers running {unit.label} died {tries} times in it")
         except Exception as e:  # the task raised, and raised again on its retry
             return unit.lost(f"{unit.label} failed on the cluster: {type(e).__name__}: {e}")
 
