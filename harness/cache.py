@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Sequence
@@ -43,7 +44,7 @@ from harness.engine import Cell, Progress, SuiteRun, run_suite
 from harness.outcomes import Outcome
 from harness.shared_tests.record import Test
 from harness.subjects import Subject
-from harness.work import Executor
+from harness.work import Executor, LocalExecutor
 
 FORMAT = 1
 # Outcomes worth keeping: the subject's verdict, not the machine's weather.
@@ -169,24 +170,48 @@ def incremental_suite(
     executor: Executor | None = None,
 ) -> tuple[SuiteRun, Reuse]:
     """run_suite, taking from `store` every cell whose key it holds, running only the rest, and
-    storing what they gave. The run holds every cell either way (a --check sees them all)."""
+    storing what they gave. The run holds every cell either way (a --check sees them all).
+
+    When fewer rows have cells to run than the executor runs units at once, each such row is
+    split into that many units (each its own worker), balanced by the tests' last measured
+    seconds: one changed mutant's row then takes its slowest test's time, not the sum."""
     started = time.monotonic()
+    ex = executor or LocalExecutor(jobs)
     keys = cell_keys(tests, subjects)
     kept: dict[tuple[str, str], Cell] = {}
+    measured: dict[str, list[float]] = {}
     for (test, subject), key in keys.items():
         value = store.get(key)
         if value is not None:
             kept[(test, subject)] = Cell(Outcome(value["outcome"]), value["message"], 0.0)
-    only = {s.name: [t.name for t in tests if (t.name, s.name) not in kept] for s in subjects}
-    busy = [s for s in subjects if only[s.name]]
-    fresh = run_suite(tests, busy, jobs, progress, executor=executor, only=only)
-    for cell_id, cell in fresh.cells.items():
+            measured.setdefault(test, []).append(float(value.get("seconds", 0.0)))
+    missing = {s.name: [t for t in tests if (t.name, s.name) not in kept] for s in subjects}
+    busy = sum(bool(m) for m in missing.values())
+    parts = max(1, getattr(ex, "width", 1) // max(1, busy))
+    weight = {
+        t.name: statistics.median(measured[t.name]) if t.name in measured else t.timeout
+        for t in tests
+    }
+    groups = {name: split([t.name for t in m], parts, weight) for name, m in missing.items()}
+    run = run_suite(tests, subjects, progress=progress, executor=ex, groups=groups)
+    for cell_id, cell in run.cells.items():
         if cell.outcome in KEPT:
-            store.put(keys[cell_id], {"outcome": cell.outcome.value, "message": cell.message})
-    run = SuiteRun(list(tests), list(subjects), cells={**kept, **fresh.cells})
-    for s in subjects:
-        run.subject_seconds[s.name] = fresh.subject_seconds.get(s.name, 0.0)
-        run.worker_starts[s.name] = fresh.worker_starts.get(s.name, 0)
-        run.start_seconds[s.name] = fresh.start_seconds.get(s.name, [])
+            value = {"outcome": cell.outcome.value, "message": cell.message}
+            store.put(keys[cell_id], value | {"seconds": round(cell.seconds, 3)})
+    ran = len(run.cells)
+    run.cells.update(kept)
     run.wall_seconds = time.monotonic() - started
-    return run, Reuse(len(kept), len(fresh.cells), store.damaged)
+    return run, Reuse(len(kept), ran, store.damaged)
+
+
+def split(names: list[str], parts: int, weight: dict[str, float]) -> list[list[str]]:
+    """`names` in at most `parts` groups of near-equal total weight (heaviest first into the
+    lightest group), each group in the given order."""
+    bins: list[list[str]] = [[] for _ in range(min(parts, len(names)) or 1)]
+    load = [0.0] * len(bins)
+    for name in sorted(names, key=lambda n: -weight[n]):
+        i = load.index(min(load))
+        bins[i].append(name)
+        load[i] += weight[name]
+    order = {n: i for i, n in enumerate(names)}
+    return [sorted(b, key=order.__getitem__) for b in bins if b]

@@ -78,6 +78,8 @@ class DaskExecutor:
 
     def __init__(self, client: Client, cluster: LocalCluster | None, description: str) -> None:
         self.client, self.cluster, self.description = client, cluster, description
+        workers = client.scheduler_info(n_workers=-1).get("workers", {}).values()
+        self.width = max(1, sum(w.get("nthreads", 1) for w in workers))  # units at once
 
     @classmethod
     def connect(cls, where: Scheduler) -> DaskExecutor:

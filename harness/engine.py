@@ -191,56 +191,54 @@ def run_suite(
     progress: Progress | None = None,
     launch: Callable[[Subject], Launch] = trusted,
     executor: Executor | None = None,
-    only: Mapping[str, Sequence[str]] | None = None,
+    groups: Mapping[str, Sequence[Sequence[str]]] | None = None,
 ) -> SuiteRun:
     """Every test on every subject: each subject's row a unit of `executor` (default: up to
     `jobs` subjects at once in threads here, the CPU count by default), each subject's workers
-    started as `launch` says. `only`: subject -> the test names to run on it (the others are
-    left out of the run's cells; the incremental cache fills them)."""
+    started as `launch` says. `groups`: subject -> groups of test names, each group a unit of its
+    own (default: one group of every test); a test in no group is left out of the run's cells
+    (the incremental cache fills those)."""
     names = [t.name for t in tests]
     if len(set(names)) != len(names):
         raise ValueError(f"test names must be unique, got {names}")
     if len({s.name for s in subjects}) != len(subjects):
         raise ValueError(f"subject names must be unique, got {[s.name for s in subjects]}")
     run = SuiteRun(list(tests), list(subjects))
-    todo = {
-        s.name: [t for t in tests if only is None or t.name in only.get(s.name, ())]
+    pieces = [
+        (s, [t for t in tests if t.name in group])
         for s in subjects
-    }
-    total = sum(map(len, todo.values()))
+        for group in (groups.get(s.name, ()) if groups is not None else [names])
+        if group
+    ]
+    total = sum(len(piece) for _, piece in pieces)
     lock = threading.Lock()
     started = time.monotonic()
+    for s in subjects:
+        run.subject_seconds[s.name], run.worker_starts[s.name], run.start_seconds[s.name] = 0, 0, []
 
     def record(subject: Subject, test: Test, cell: Cell) -> None:
         with lock:
             run.cells[(test.name, subject.name)] = cell
             if progress is not None:
-                progress(subject, test, cell, sum(len(c) for c in done_cells.values()), total)
+                progress(subject, test, cell, len(run.cells), total)
 
-    done_cells: dict[str, set[str]] = {s.name: set() for s in subjects}
-
-    def one(subject: Subject) -> Row:
+    def one(subject: Subject, piece: Sequence[Test]) -> Row:
         t0 = time.monotonic()
-
-        def on_cell(test: Test, cell: Cell) -> None:
-            done_cells[subject.name].add(test.name)
-            record(subject, test, cell)
-
-        cells, starts = run_subject(subject, todo[subject.name], on_cell, launch)
+        on_cell = lambda test, cell: record(subject, test, cell)  # noqa: E731
+        cells, starts = run_subject(subject, piece, on_cell, launch)
         return Row(cells, starts, time.monotonic() - t0, live=True)
 
     def done(i: int, row: Row) -> None:
-        subject = subjects[i]
+        subject, piece = pieces[i]
         if not row.live:  # a remote row: its cells arrive together
-            for test in todo[subject.name]:
-                done_cells[subject.name].add(test.name)
+            for test in piece:
                 record(subject, test, row.cells[test.name])
-        with lock:
-            run.subject_seconds[subject.name] = row.seconds
-            run.worker_starts[subject.name] = len(row.starts)
-            run.start_seconds[subject.name] = row.starts
+        with lock:  # a subject's time and starts: its pieces' together
+            run.subject_seconds[subject.name] += row.seconds
+            run.worker_starts[subject.name] += len(row.starts)
+            run.start_seconds[subject.name] += row.starts
 
-    units = [_row_unit(s, todo[s.name], launch, one) for s in subjects]
+    units = [_row_unit(s, piece, launch, one) for s, piece in pieces]
     (executor or LocalExecutor(jobs)).run(units, done)
     run.wall_seconds = time.monotonic() - started
     return run
@@ -260,7 +258,7 @@ def _row_unit(
     subject: Subject,
     tests: Sequence[Test],
     launch: Callable[[Subject], Launch],
-    one: Callable[[Subject], Row],
+    one: Callable[[Subject, Sequence[Test]], Row],
 ) -> Unit[Row]:
     def payload() -> dict[str, Any]:
         from harness.shared_tests.laws import BY_NAME
@@ -276,7 +274,7 @@ def _row_unit(
     def lost(why: str) -> Row:
         return Row({t.name: Cell(Outcome.ERROR, why) for t in tests}, [], 0.0)
 
-    return Unit(subject.name, lambda: one(subject), run_row, payload, decode_row, lost)
+    return Unit(subject.name, lambda: one(subject, tests), run_row, payload, decode_row, lost)
 
 
 def run_row(payload: dict[str, Any]) -> dict[str, Any]:

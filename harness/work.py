@@ -48,6 +48,7 @@ class Executor(Protocol):
     """Runs units; returns their results in the units' order."""
 
     description: str
+    width: int  # how many units it runs at once
 
     def run(self, units: Sequence[Unit[R]], done: Done | None = None) -> list[R]:
         """Every unit's result, in order; `done(index, result)` as each one finishes."""
@@ -61,6 +62,7 @@ class LocalExecutor:
 
     def __init__(self, jobs: int | None = None) -> None:
         self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.width = self.jobs  # units at once
         self.description = f"local, {self.jobs} at once"
 
     def run(self, units: Sequence[Unit[R]], done: Done | None = None) -> list[R]:

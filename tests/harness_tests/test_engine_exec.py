@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import fingerprint, work
-from harness.cache import Store, cell_keys, incremental_suite
+from harness.cache import Store, cell_keys, incremental_suite, split
 from harness.cli import main
 from harness.engine import run_suite
 from harness.jobs.matrix import matrix_subjects
@@ -73,9 +73,7 @@ def test_the_default_paths_import_nothing_of_dask(tmp_path):
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed'))\n"
         "print('LOADED', loaded)\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
-    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "LOADED []" in done.stdout, done.stdout + done.stderr
 
 
@@ -174,8 +172,15 @@ def test_a_one_line_patch_change_reruns_that_mutants_row_only(tmp_path, monkeypa
     assert {k for k in before if before[k] != after[k]} == {(t.name, "s07") for t in HAND}
     run, reuse = incremental_suite(HAND, SUBJECTS, store)
     assert (reuse.reused, reuse.ran) == (4, 2)
-    assert run.worker_starts == {"impl": 0, "s07": 1, "s08": 0}
+    assert run.worker_starts["impl"] == run.worker_starts["s08"] == 0 < run.worker_starts["s07"]
     assert run.cell("test_hand_example_label_smoothing", "s07").outcome is Outcome.KILLED
+
+
+def test_a_lone_changed_row_is_split_by_measured_time():
+    weight = {"a": 30.0, "b": 1.0, "c": 2.0, "d": 1.0, "e": 25.0}
+    assert split(list("abcde"), 2, weight) == [["a"], ["b", "c", "d", "e"]]
+    assert split(list("abcde"), 3, weight) == [["a"], ["e"], ["b", "c", "d"]]
+    assert split(["a"], 4, weight) == [["a"]] and split([], 2, weight) == []
 
 
 def test_a_change_to_one_checks_code_changes_that_column_only(monkeypatch):
