@@ -121,6 +121,21 @@ class Store:
             raise
 
 
+# --- a student's suite on one subject (xfmr mutation-score --incremental) ----------------------
+
+# The code that runs a student's suite on a subject, beyond what every check shares.
+SUITE_CODE = ("harness/jobs/mutation_score.py", "harness/jobs/disguise.py")
+
+
+def suite_run_key(subject: dict[str, Any], suite: dict[str, Any], settings: dict[str, Any]) -> str:
+    """The key of one subject's run of a suite: the subject as loaded (before this run's
+    disguise, which is drawn afresh each run and, by design, changes no verdict), the suite's
+    files (work.pack: names, bytes, links as links), the run's settings (module name, limits)
+    and the code and versions that run it."""
+    code = fingerprint.files_digest(fingerprint.tree(*SUITE_CODE))
+    return fingerprint.digest("suite-run", shared_code(), code, subject, repr(suite), settings)
+
+
 # --- the matrix's cells -----------------------------------------------------------------------
 
 

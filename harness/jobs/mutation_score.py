@@ -31,6 +31,7 @@ from typing import Any
 
 from harness import work
 from harness.analysis import Summary, summarize
+from harness.cache import KEPT, Store, default_root, suite_run_key
 from harness.engine import Cell, Launch, SuiteRun, unjudgeable
 from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput, staged, starter
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout, printable
@@ -196,6 +197,7 @@ class Score:
     errors: dict[str, str]  # subject -> why the suite did not run on it
     invalid: str  # why the suite scores nothing, if it does
     module_name: str
+    reuse: str = ""  # with --incremental: how many subjects' runs came from the cache
 
     @property
     def killed(self) -> list[str]:
@@ -220,9 +222,11 @@ def mutation_score(
     progress: Callable[[str, SubjectRun], None] | None = None,
     unsafe: bool = False,
     executor: work.Executor | None = None,
+    store: Store | None = None,
 ) -> Score:
     """Run the suite on every subject, each subject's run a unit of `executor` (default: up to
-    `jobs` at once here), and score it."""
+    `jobs` at once here), and score it. With a `store`, a subject's run whose key it holds is
+    taken from it (harness.cache.suite_run_key), and each clean run is stored."""
     tests_dir = Path(tests_dir).resolve()
     if not tests_dir.is_dir():
         raise FileNotFoundError(f"TESTS must be a folder of pytest files, got {tests_dir}")
@@ -255,27 +259,46 @@ def mutation_score(
             lambda: run_on(sources[s.name], tests_dir, module_name, limits, time_limit, unsafe),
             run_shipped,
             payload,
-            lambda data: SubjectRun(**{**data, "cells": _cells(data["cells"])}),
+            _run_from_json,
             lambda why: SubjectRun(error=why),
             sandboxed=not unsafe,
         )
 
+    kept: dict[str, SubjectRun] = {}
+    keys: dict[str, str] = {}
+    if store is not None:
+        with staged({"tests": tests_dir}):  # refused here as a run would refuse it
+            suite = work.pack(tests_dir)
+        settings = {"module": module_name, "limits": asdict(limits), "time_limit": time_limit}
+        for s in subs:
+            keys[s.name] = suite_run_key(s.payload(), suite, settings | {"unsafe": unsafe})
+            if (value := store.get(keys[s.name])) is not None:
+                kept[s.name] = _run_from_json(value)
     runs: dict[str, SubjectRun] = {}
     # the correct subjects first: a suite that does not even collect on impl is broken, and
     # running it on the mutants would only repeat pytest's own error eleven times
     for wave in (secret.sample(correct, len(correct)), secret.sample(mutants, len(mutants))):
+        todo = [s for s in wave if s.name not in kept]
 
-        def done(i: int, r: SubjectRun, wave: list[Subject] = wave) -> None:
+        def done(i: int, r: SubjectRun, todo: list[Subject] = todo) -> None:
             if progress is not None:
                 with lock:
-                    progress(wave[i].name, r)
+                    progress(todo[i].name, r)
 
-        results = ex.run([unit(s) for s in wave], done)
-        runs.update(zip([s.name for s in wave], results, strict=True))
+        runs.update(zip([s.name for s in todo], ex.run([unit(s) for s in todo], done), strict=True))
+        runs.update({s.name: kept[s.name] for s in wave if s.name in kept})
+        for s in todo:
+            r = runs[s.name]
+            clean = not r.error and all(c.outcome in KEPT for c in r.cells.values())
+            if store is not None and clean:
+                store.put(keys[s.name], _run_json(r))
         impl = runs["impl"]
         if not impl.collected or (impl.error and not impl.cells):
             raise SuiteBroken(impl.error or "pytest collected no test on impl")
-    return _score(subs, runs, module_name, time_limit, time.monotonic() - started)
+    score = _score(subs, runs, module_name, time_limit, time.monotonic() - started)
+    if store is not None:
+        score.reuse = f"incremental: {len(kept)} of {len(subs)} subjects' runs reused"
+    return score
 
 
 def run_shipped(payload: dict[str, Any]) -> dict[str, Any]:
@@ -293,13 +316,18 @@ def run_shipped(payload: dict[str, Any]) -> dict[str, Any]:
             payload["time_limit"],
             payload["unsafe"],
         )
+    return _run_json(r)
+
+
+def _run_json(r: SubjectRun) -> dict[str, Any]:
     data = asdict(r)
     data["cells"] = {k: [c.outcome.value, c.message, c.seconds] for k, c in r.cells.items()}
     return data
 
 
-def _cells(data: dict[str, list]) -> dict[str, Cell]:
-    return {k: Cell(Outcome(o), m, sec) for k, (o, m, sec) in data.items()}
+def _run_from_json(data: dict[str, Any]) -> SubjectRun:
+    cells = {k: Cell(Outcome(o), m, sec) for k, (o, m, sec) in data["cells"].items()}
+    return SubjectRun(**{**data, "cells": cells})
 
 
 class SuiteBroken(Exception):
@@ -477,6 +505,12 @@ def configure_mutation_score(parser: argparse.ArgumentParser) -> None:
         "--jobs", type=positive(int), default=None, help="subjects at once (default: CPUs)"
     )
     work.add_scheduler(parser)
+    parser.add_argument(
+        "--incremental", action="store_true", help="rerun only subjects whose inputs changed"
+    )
+    parser.add_argument(
+        "--cache-dir", metavar="DIR", help=f"the incremental cache (default {default_root()})"
+    )
 
 
 def run_mutation_score(args: argparse.Namespace) -> int:
@@ -500,6 +534,7 @@ def run_mutation_score(args: argparse.Namespace) -> int:
                 progress,
                 args.unsafe_no_sandbox,
                 executor,
+                Store(args.cache_dir or default_root()) if args.incremental else None,
             )
         finally:
             executor.close()
@@ -508,6 +543,8 @@ def run_mutation_score(args: argparse.Namespace) -> int:
     except SuiteBroken as e:
         return usage_error("mutation-score", f"the suite is broken, no mutant was run: {e}")
     print(text(s, args.tests))
+    if s.reuse:
+        print(s.reuse)
     written = write_all(
         "mutation-score",
         [(args.json, lambda: to_json(s)), (args.stryker, lambda: stryker(s, args.tests))],

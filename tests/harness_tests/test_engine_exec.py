@@ -6,6 +6,7 @@ import dataclasses
 import json
 import multiprocessing
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import fingerprint, work
-from harness.cache import Store, cell_keys, incremental_suite, split
+from harness.cache import Store, cell_keys, incremental_suite, split, suite_run_key
 from harness.cli import main
 from harness.engine import run_suite
 from harness.jobs.matrix import matrix_subjects
@@ -268,3 +269,39 @@ def test_incremental_matrix_check_sees_every_cell(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "incremental: 2 of 2 cells reused, 0 run" in out
     assert "s08" in out and "K" in out  # the reused kill is in the printed grid
+
+
+# --- mutation-score --incremental -------------------------------------------------------------
+
+WEAK = Path(__file__).resolve().parents[2] / "examples" / "student_tests_weak"
+
+
+def suite_keys(suite_dir: Path) -> dict[str, str]:
+    from harness.jobs.mutation_score import subjects
+
+    suite = work.pack(suite_dir)
+    return {s.name: suite_run_key(s.payload(), suite, {"module": "m"}) for s in subjects()}
+
+
+def test_a_suite_runs_key_follows_its_subject_and_the_suites_files(tmp_path, monkeypatch):
+    shutil.copytree(WEAK, tmp_path / "suite")
+    before = suite_keys(tmp_path / "suite")
+    edited(monkeypatch, "s07", "# mutant s07", "# mutant s07 (edited)")
+    after = suite_keys(tmp_path / "suite")
+    assert [name for name in before if before[name] != after[name]] == ["s07"]
+    test_file = next((tmp_path / "suite").glob("test_*.py"))
+    test_file.write_text(test_file.read_text() + "\n# one more line\n")
+    changed = suite_keys(tmp_path / "suite")
+    assert all(changed[name] != after[name] for name in after)
+
+
+@pytest.mark.slow
+def test_mutation_score_incremental_reuses_every_run_of_an_unchanged_suite(tmp_path, capsys):
+    argv = ["mutation-score", str(WEAK), "--incremental", "--cache-dir", str(tmp_path)]
+    first = main([*argv, "--json", str(tmp_path / "first.json")])
+    assert "incremental: 0 of 13 subjects' runs reused" in capsys.readouterr().out
+    second = main([*argv, "--json", str(tmp_path / "second.json")])
+    assert "incremental: 13 of 13 subjects' runs reused" in capsys.readouterr().out
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("first", "second"))
+    assert first == second and a["score"] == b["score"] and a["killed"] == b["killed"]
+    assert [c["outcome"] for c in a["cells"]] == [c["outcome"] for c in b["cells"]]
