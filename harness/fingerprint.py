@@ -82,7 +82,8 @@ def project() -> str:
 
 def code_closure(fn: Callable[..., Any]) -> str:
     """A hash of `fn`'s source and of every function and constant of its own module it reaches
-    by name, transitively (its helpers), so a change to one test's check changes only its hash."""
+    by name or holds in its closure, transitively (its helpers), so a change to one test's check
+    changes only its hash."""
     module = inspect.getmodule(fn)
     seen: dict[str, str] = {}
 
@@ -91,8 +92,9 @@ def code_closure(fn: Callable[..., Any]) -> str:
         if name in seen:
             return
         seen[name] = inspect.getsource(obj)
-        for ref in _names(obj.__code__):
-            value = obj.__globals__.get(ref)
+        cells = zip(obj.__code__.co_freevars, obj.__closure__ or (), strict=True)
+        refs = [(ref, obj.__globals__.get(ref)) for ref in sorted(_names(obj.__code__))]
+        for ref, value in refs + [(f"{name}.{v}", c.cell_contents) for v, c in cells]:
             if isinstance(value, types.FunctionType) and inspect.getmodule(value) is module:
                 visit(value)
             elif isinstance(value, int | float | str | bool | tuple) and ref not in seen:

@@ -192,6 +192,17 @@ def test_a_change_to_one_checks_code_changes_that_column_only(monkeypatch):
     assert differ == {("test_hand_example_noam", s.name) for s in SUBJECTS}
 
 
+def test_a_checks_key_holds_what_its_closure_holds():
+    def made(step):
+        def check(call):
+            call("noam_rates", cases=[[step, 16, 4, 1.0]])
+
+        return check
+
+    assert fingerprint.code_closure(made(1)) == fingerprint.code_closure(made(1))
+    assert fingerprint.code_closure(made(1)) != fingerprint.code_closure(made(2))
+
+
 @pytest.mark.parametrize(
     "damage",
     [
