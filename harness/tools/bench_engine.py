@@ -40,7 +40,16 @@ EDIT = (
     "return list(best)  # mutant s11: eos kept",
     "return [*best]  # mutant s11: eos kept",
 )
+PARTS = ("executors", "overhead", "incremental")
+QUICK = "test_hand_example_noam"  # milliseconds a cell: a matrix of it is all overhead
 TARGET = 0.15  # the issue's bar: an incremental run after a one-line change <= 15% of a full run
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(text.split(","))
+    if not parts or not set(parts) <= set(PARTS):
+        raise argparse.ArgumentTypeError(f"--parts takes names of {PARTS}, got {text!r}")
+    return parts
 
 
 def configure_bench_engine(parser: argparse.ArgumentParser) -> None:
@@ -53,9 +62,11 @@ def configure_bench_engine(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--only", metavar="NAMES", help="matrix subjects (default: all)")
     parser.add_argument("--out", metavar="FILE", help="also write the report here")
     parser.add_argument(
-        "--incremental-only",
-        action="store_true",
-        help="only the incremental part (its full run is then the plain local matrix, run first)",
+        "--parts",
+        type=_parts,
+        default=PARTS,
+        metavar="NAMES",
+        help=f"comma-separated, of {','.join(PARTS)} (default: all)",
     )
 
 
@@ -117,12 +128,16 @@ def run_bench_engine(args: argparse.Namespace) -> int:
     ]
     matrix = ["matrix", "--quiet", *(["--only", args.only] if args.only else [])]
     with tempfile.TemporaryDirectory(prefix="xfmr-bench-") as tmp:
-        if args.incremental_only:
-            full = timed("matrix, local (threads, --jobs CPUs)", xfmr(*matrix))
-            report += [f"Full local matrix: {full.wall:.1f} s.", ""]
-        else:
+        full = None
+        if "executors" in args.parts:
             full = _executors(args, matrix, Path(tmp), report)
-        report += _incremental(matrix, Path(tmp), full)
+        if "overhead" in args.parts:
+            report += _overhead(matrix)
+        if "incremental" in args.parts:
+            if full is None:
+                full = timed("matrix, local (threads, --jobs CPUs)", xfmr(*matrix))
+                report += [f"Full local matrix: {full.wall:.1f} s.", ""]
+            report += _incremental(matrix, Path(tmp), full)
     report += ["", f"Load average after: {load()}"]
     text = "\n".join(report) + "\n"
     print(text)
@@ -181,6 +196,32 @@ def _executors(args: argparse.Namespace, matrix: list[str], tmp: Path, report: l
     return runs[0]
 
 
+def _overhead(matrix: list[str]) -> list[str]:
+    """The matrix of the quickest test only: each unit is a worker start and milliseconds of
+    work, so the differences between executors are their own costs per unit."""
+    from harness.cluster import localhost_cluster  # needs the [dist] extra
+
+    quick = [*matrix, "--tests", QUICK]
+    with localhost_cluster(workers=2) as address:
+        runs = [
+            timed(f"{QUICK} only, {label}", xfmr(*quick, *where))
+            for label, where in [
+                ("local", []),
+                ("--scheduler local:2", ["--scheduler", "local:2"]),
+                ("localhost cluster", ["--scheduler", address]),
+            ]
+        ]
+    units = _subjects(runs[0].output)
+    return [
+        f"## Overhead: {QUICK} alone on {units} subjects ({units} units, milliseconds of work)",
+        "",
+        *_table(runs, units),
+        "",
+        "(per cell here = per unit: one row of one cell)",
+        "",
+    ]
+
+
 def _incremental(matrix: list[str], tmp: Path, full: Timed) -> list[str]:
     """matrix --incremental in an empty cache, then after EDIT; against the full local run."""
     cache = ["--incremental", "--cache-dir", f"{tmp}/cache"]
@@ -216,7 +257,7 @@ def _command(args: argparse.Namespace) -> str:
     words = ["xfmr", "bench-engine", "--submissions", str(args.submissions)]
     words += ["--only", args.only] if args.only else []
     words += ["--with-learning"] if args.with_learning else []
-    words += ["--incremental-only"] if args.incremental_only else []
+    words += ["--parts", ",".join(args.parts)] if args.parts != PARTS else []
     return " ".join(words + (["--out", args.out] if args.out else []))
 
 
