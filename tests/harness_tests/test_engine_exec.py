@@ -316,3 +316,27 @@ def test_mutation_score_incremental_reuses_every_run_of_an_unchanged_suite(tmp_p
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("first", "second"))
     assert first == second and a["score"] == b["score"] and a["killed"] == b["killed"]
     assert [c["outcome"] for c in a["cells"]] == [c["outcome"] for c in b["cells"]]
+
+
+def test_a_shipped_suite_run_equals_the_local_one():
+    """What a Dask worker runs for mutation-score (run_shipped: the suite as plain data, unpacked
+    and run there) gives what the local run gives (the transport itself is test_cluster's)."""
+    from harness.isolation.sandbox import DEFAULT_LIMITS
+    from harness.jobs.mutation_score import MODULE, _run_from_json, run_on, run_shipped, subjects
+
+    source = subjects()[0].payload()["source"]  # impl
+    local = run_on(source, WEAK, MODULE, DEFAULT_LIMITS, 30.0)
+    payload = {
+        "source": source,
+        "tests": work.pack(WEAK),
+        "module_name": MODULE,
+        "limits": dataclasses.asdict(DEFAULT_LIMITS),
+        "time_limit": 30.0,
+        "unsafe": False,
+    }
+    shipped = _run_from_json(json.loads(json.dumps(run_shipped(payload))))  # plain data back
+    assert local.collected == shipped.collected and len(local.collected) == 3
+    assert local.error == shipped.error == ""
+    assert {k: c.outcome for k, c in local.cells.items()} == {
+        k: c.outcome for k, c in shipped.cells.items()
+    }
