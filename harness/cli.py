@@ -21,6 +21,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "oracle vs impl agreement for both norms (a quick health check)",
     ),
     "bench": ("harness.tools.bench", "oracle vs torch float64 speed, forward and backward"),
+    "bench-engine": (
+        "harness.tools.bench_engine",
+        "local vs Dask executors, and the incremental cache (needs the [dist] extra)",
+    ),
     "matrix": (
         "harness.jobs.matrix",
         "the kill-rate matrix: shared tests x impl, torch copy, mutants",

@@ -4,18 +4,19 @@ Running and judging are apart. Each subject is loaded in its own worker process,
 its `Launch` says (harness.isolation: a sandbox for untrusted code, the fork server for trusted
 code); the tests' checks run here, in the parent, on plain data the worker sends back. A hang
 is a timeout cell, a crash an error cell, and either way a fresh worker runs the subject's
-remaining tests. Subjects run in parallel threads, each thread driving one worker.
+remaining tests. A subject's row is one unit of work (harness.work): by default subjects run in
+parallel threads, each thread driving one worker; given a Dask executor, each row runs on a Dask
+worker (`run_row`: plain data in, plain data out, the subject forked there, judged there by
+this same trusted code).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from harness.isolation.worker import (
 from harness.outcomes import Outcome
 from harness.shared_tests.record import Failure, Test
 from harness.subjects import Subject
+from harness.work import Executor, LocalExecutor, Unit
 
 
 @dataclass(frozen=True)
@@ -188,39 +190,114 @@ def run_suite(
     jobs: int | None = None,
     progress: Progress | None = None,
     launch: Callable[[Subject], Launch] = trusted,
+    executor: Executor | None = None,
+    groups: Mapping[str, Sequence[Sequence[str]]] | None = None,
 ) -> SuiteRun:
-    """Every test on every subject: up to `jobs` subjects at once (default: the CPU count),
-    each subject's workers started as `launch` says."""
+    """Every test on every subject: each subject's row a unit of `executor` (default: up to
+    `jobs` subjects at once in threads here, the CPU count by default), each subject's workers
+    started as `launch` says. `groups`: subject -> groups of test names, each group a unit of its
+    own (default: one group of every test); a test in no group is left out of the run's cells
+    (the incremental cache fills those)."""
     names = [t.name for t in tests]
     if len(set(names)) != len(names):
         raise ValueError(f"test names must be unique, got {names}")
     if len({s.name for s in subjects}) != len(subjects):
         raise ValueError(f"subject names must be unique, got {[s.name for s in subjects]}")
     run = SuiteRun(list(tests), list(subjects))
-    total = len(tests) * len(subjects)
+    pieces = [
+        (s, [t for t in tests if t.name in group])
+        for s in subjects
+        for group in (groups.get(s.name, ()) if groups is not None else [names])
+        if group
+    ]
+    total = sum(len(piece) for _, piece in pieces)
     lock = threading.Lock()
     started = time.monotonic()
+    for s in subjects:
+        run.subject_seconds[s.name], run.worker_starts[s.name], run.start_seconds[s.name] = 0, 0, []
 
-    def one(subject: Subject) -> None:
-        t0 = time.monotonic()
-
-        def on_cell(test: Test, cell: Cell) -> None:
-            with lock:
-                run.cells[(test.name, subject.name)] = cell
-                if progress is not None:
-                    progress(subject, test, cell, len(run.cells), total)
-
-        _, starts = run_subject(subject, tests, on_cell, launch)
+    def record(subject: Subject, test: Test, cell: Cell) -> None:
         with lock:
-            run.subject_seconds[subject.name] = time.monotonic() - t0
-            run.worker_starts[subject.name] = len(starts)
-            run.start_seconds[subject.name] = starts
+            run.cells[(test.name, subject.name)] = cell
+            if progress is not None:
+                progress(subject, test, cell, len(run.cells), total)
 
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        for future in [pool.submit(one, s) for s in subjects]:
-            future.result()
+    def one(subject: Subject, piece: Sequence[Test]) -> Row:
+        t0 = time.monotonic()
+        on_cell = lambda test, cell: record(subject, test, cell)  # noqa: E731
+        cells, starts = run_subject(subject, piece, on_cell, launch)
+        return Row(cells, starts, time.monotonic() - t0, live=True)
+
+    def done(i: int, row: Row) -> None:
+        subject, piece = pieces[i]
+        if not row.live:  # a remote row: its cells arrive together
+            for test in piece:
+                record(subject, test, row.cells[test.name])
+        with lock:  # a subject's time and starts: its pieces' together
+            run.subject_seconds[subject.name] += row.seconds
+            run.worker_starts[subject.name] += len(row.starts)
+            run.start_seconds[subject.name] += row.starts
+
+    units = [_row_unit(s, piece, launch, one) for s, piece in pieces]
+    (executor or LocalExecutor(jobs)).run(units, done)
     run.wall_seconds = time.monotonic() - started
     return run
+
+
+@dataclass
+class Row:
+    """One subject's row: its cells by test name, each worker start's seconds, its time."""
+
+    cells: dict[str, Cell]
+    starts: list[float]
+    seconds: float
+    live: bool = False  # its cells were reported one by one as they came (run here)
+
+
+def _row_unit(
+    subject: Subject,
+    tests: Sequence[Test],
+    launch: Callable[[Subject], Launch],
+    one: Callable[[Subject, Sequence[Test]], Row],
+) -> Unit[Row]:
+    def payload() -> dict[str, Any]:
+        from harness.shared_tests.laws import BY_NAME
+
+        if launch is not trusted:
+            raise ValueError("only trusted subjects' rows run on a cluster (the matrix's)")
+        strays = [t.name for t in tests if BY_NAME.get(t.name) is not t]
+        if strays:
+            raise ValueError(f"only the registered shared tests run on a cluster, not {strays}")
+        load = subject.payload()
+        return {"subject": subject.to_json(), "load": load, "tests": [t.name for t in tests]}
+
+    def lost(why: str) -> Row:
+        return Row({t.name: Cell(Outcome.ERROR, why) for t in tests}, [], 0.0)
+
+    return Unit(subject.name, lambda: one(subject, tests), run_row, payload, decode_row, lost)
+
+
+def run_row(payload: dict[str, Any]) -> dict[str, Any]:
+    """A row as a remote unit (on a Dask worker): the named shared tests on one trusted subject,
+    loaded from the source text in `payload` by a worker forked from this machine's fork server,
+    and judged here by the same checks; plain data in, plain data out."""
+    from harness.shared_tests.laws import BY_NAME
+
+    subject = Subject.from_json(payload["subject"])
+    tests = [BY_NAME[name] for name in payload["tests"]]
+    t0 = time.monotonic()
+    spec = payload["load"]
+    cells, starts = run_subject(subject, tests, lambda t, c: None, lambda s: Launch(forked, spec))
+    return {
+        "cells": {n: [c.outcome.value, c.message, c.seconds] for n, c in cells.items()},
+        "starts": starts,
+        "seconds": time.monotonic() - t0,
+    }
+
+
+def decode_row(data: dict[str, Any]) -> Row:
+    cells = {n: Cell(Outcome(o), m, s) for n, (o, m, s) in data["cells"].items()}
+    return Row(cells, list(data["starts"]), data["seconds"])
 
 
 def print_progress(subject: Subject, test: Test, cell: Cell, done: int, total: int) -> None:

@@ -13,18 +13,19 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import threading
 import time
 import traceback
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from harness import work
 from harness.engine import Cell, Launch, run_subject, unjudgeable
 from harness.isolation.sandbox import (
     DEFAULT_LIMITS,
@@ -52,7 +53,7 @@ from harness.options import (
 from harness.outcomes import Outcome
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.diagnosis import diagnose
-from harness.shared_tests.laws import SHARED_TESTS
+from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 from harness.shared_tests.record import VISIBILITIES, Test
 from harness.subjects import Kind, Subject
 
@@ -491,19 +492,98 @@ def grade_batch(
     jobs: int,
     bar: Bar | None = None,
     unsafe: bool = False,
+    executor: work.Executor | None = None,
 ) -> list[Grade]:
-    """Every submission in `folder`, `jobs` at a time; one that breaks the grader's own code
-    (it should not) becomes a grade with that reason, never the end of the batch."""
+    """Every submission in `folder`, each a unit of `executor` (default: `jobs` at a time here);
+    one that breaks the grader's own code (it should not) becomes a grade with that reason, never
+    the end of the batch."""
     paths = submissions(folder)
 
-    def one(path: Path) -> Grade:
-        g = grade(path, tests, limits, time_limit, unsafe)  # each worker in a sandbox of its own
+    def done(i: int, g: Grade) -> None:
         if bar is not None:
-            bar.step(f"{path.name}: {g.score:g}/{g.max_score:g}")
-        return g
+            bar.step(f"{paths[i].name}: {g.score:g}/{g.max_score:g}")
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, paths))
+    units = [_grade_unit(p, tests, limits, time_limit, unsafe) for p in paths]
+    return (executor or work.LocalExecutor(jobs)).run(units, done)
+
+
+def _grade_unit(
+    path: Path, tests: Sequence[Test], limits: Limits, time_limit: float | None, unsafe: bool
+) -> work.Unit[Grade]:
+    def payload() -> dict[str, Any]:
+        strays = [t.name for t in tests if BY_NAME.get(t.name) is not t]
+        if strays:
+            raise ValueError(f"only the registered shared tests run on a cluster, not {strays}")
+        try:
+            files = work.pack(path)
+        except (OSError, work.TooLarge) as e:
+            files = {"unreadable": f"{type(e).__name__}: {e}"}
+        return {
+            "shown": str(path),
+            "files": files,
+            "tests": [t.name for t in tests],
+            "limits": asdict(limits),
+            "time_limit": time_limit,
+            "unsafe": unsafe,
+        }
+
+    def lost(why: str) -> Grade:
+        failing = [
+            TestResult(t.name, t.law, Outcome.ERROR.value, 0.0, t.points, why, 0.0, t.visibility)
+            for t in tests
+        ]
+        isolation = UNSAFE if unsafe else SANDBOX
+        return Grade(str(path), failing, "", {}, 0.0, isolation, error=why)
+
+    return work.Unit(
+        path.name,
+        lambda: grade(path, tests, limits, time_limit, unsafe),  # each worker sandboxed
+        grade_shipped,
+        payload,
+        grade_from_json,
+        lost,
+        sandboxed=not unsafe,
+    )
+
+
+def grade_shipped(payload: dict[str, Any]) -> dict[str, Any]:
+    """A grade as a remote unit (on a Dask worker): the shipped submission recreated in a private
+    folder, graded by grade() exactly as here (its workers sandboxed on this machine), the grade
+    returned as plain data under the client's own path."""
+    shown = Path(payload["shown"])
+    tests = [BY_NAME[name] for name in payload["tests"]]
+    limits = Limits(**payload["limits"])
+    with tempfile.TemporaryDirectory(prefix="xfmr-shipped-") as folder:
+        path = Path(folder) / shown.name
+        if "unreadable" in payload["files"]:
+            g = Grade(str(shown), [], payload["files"]["unreadable"])
+            g.tests = [_result(t, Cell(Outcome.ERROR, g.rejected), {}) for t in tests]
+        else:
+            work.unpack(payload["files"], path)
+            g = grade(path, tests, limits, payload["time_limit"], payload["unsafe"])
+    data = grade_json(g)
+    # the folder it was graded in is this worker's: messages name the client's path instead
+    here, there = f"{folder}/", "" if str(shown.parent) == "." else f"{shown.parent}/"
+    return _relocated(data, here, there) | {"submission": str(shown)}
+
+
+def _relocated(value: Any, here: str, there: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(here, there)
+    if isinstance(value, dict):
+        return {k: _relocated(v, here, there) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_relocated(v, here, there) for v in value]
+    return value
+
+
+def grade_json(g: Grade) -> dict[str, Any]:
+    """A Grade as plain data, every field (grade_from_json reads it back)."""
+    return asdict(g)
+
+
+def grade_from_json(data: dict[str, Any]) -> Grade:
+    return Grade(**{**data, "tests": [TestResult(**t) for t in data["tests"]]})
 
 
 def batch_table(grades: Sequence[Grade]) -> pd.DataFrame:
@@ -550,6 +630,7 @@ def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=positive(int), default=os.cpu_count() or 1, help="at once")
     _add_gradescope(parser)
     _add_limits(parser)
+    work.add_scheduler(parser)
 
 
 def run_grade_batch(args: argparse.Namespace) -> int:
@@ -569,15 +650,23 @@ def run_grade_batch(args: argparse.Namespace) -> int:
     if problem := isolation_problem(args):
         return usage_error("grade-batch", problem)
     limits = Limits(memory_mb=args.memory_mb)
-    grades = grade_batch(
-        folder,
-        _selected(args),
-        limits,
-        args.time_limit,
-        args.jobs,
-        Bar(len(paths)),
-        args.unsafe_no_sandbox,
-    )
+    try:
+        executor = work.executor(args.scheduler, args.jobs)
+        try:
+            grades = grade_batch(
+                folder,
+                _selected(args),
+                limits,
+                args.time_limit,
+                args.jobs,
+                Bar(len(paths)),
+                args.unsafe_no_sandbox,
+                executor,
+            )
+        finally:
+            executor.close()
+    except work.ClusterProblem as e:
+        return usage_error("grade-batch", str(e))
     # every worker is gone: only now does anything get written
     table, worst = batch_table(grades), hardest(grades)
 

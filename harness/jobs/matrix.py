@@ -4,7 +4,10 @@
 Prints the kill-rate matrix and its findings, writes it in the formats asked for, and with
 --check compares it with the committed expectation (harness/data/expected_matrix.json).
 Exit status: 0 when the matrix is healthy (no false alarm, every seed-named killer kills, the
-sanity mutant dies everywhere) and, with --check, equal to the expectation; 1 otherwise.
+sanity mutant dies everywhere) and, with --check, equal to the expectation; 1 otherwise; 2 when
+nothing was judged (bad options, an unreachable or unfit cluster).
+With --scheduler each subject's row runs on a Dask cluster (harness.cluster); with --incremental
+only the cells whose inputs changed run (harness.cache).
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import json
 import sys
 from typing import Any
 
+from harness import work
 from harness.analysis import summarize
+from harness.cache import Store, default_root, incremental_suite
 from harness.engine import SuiteRun, print_progress, run_suite
 from harness.reports import matrix as reports
 from harness.reports.writer import write_all
@@ -79,6 +84,13 @@ def configure_matrix(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--show-patches", action="store_true", help="print every mutant as a diff of impl; no run"
     )
+    work.add_scheduler(parser)
+    parser.add_argument(
+        "--incremental", action="store_true", help="run only the cells whose inputs changed"
+    )
+    parser.add_argument(
+        "--cache-dir", metavar="DIR", help=f"the incremental cache (default {default_root()})"
+    )
 
 
 def show_patches() -> str:
@@ -114,11 +126,17 @@ def run_matrix(args: argparse.Namespace) -> int:
         print("xfmr matrix: --check and --update-expected need the whole matrix", file=sys.stderr)
         return 2
     progress = None if args.quiet else print_progress
-    run = run_suite(tests, subjects, jobs=args.jobs, progress=progress)
+    try:
+        run, reuse = _run(args, tests, subjects, progress)
+    except work.ClusterProblem as e:
+        print(f"xfmr matrix: {e}", file=sys.stderr)
+        return 2
     summary = summarize(run)
     print(reports.text(run, summary))
     print()
     print(reports.timing(run))
+    if reuse:
+        print(reuse)
     written = write_all(
         "matrix",
         [
@@ -141,3 +159,18 @@ def run_matrix(args: argparse.Namespace) -> int:
         print(f"check against {EXPECTED.name}: {len(changes)} changed cells")
         status = status or int(bool(changes))
     return status if written else 2
+
+
+def _run(
+    args: argparse.Namespace, tests: list, subjects: list[Subject], progress: Any
+) -> tuple[SuiteRun, str]:
+    """The run, on the executor and with the cache asked for; and the cache's line, if any."""
+    executor = work.executor(getattr(args, "scheduler", None), args.jobs)
+    try:
+        if not getattr(args, "incremental", False):
+            return run_suite(tests, subjects, progress=progress, executor=executor), ""
+        store = Store(args.cache_dir or default_root())
+        run, reuse = incremental_suite(tests, subjects, store, progress=progress, executor=executor)
+        return run, reuse.line()
+    finally:
+        executor.close()

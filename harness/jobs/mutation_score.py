@@ -18,19 +18,20 @@ every mutant whose record is marked `required` killed and score >= 0.80 (the see
 from __future__ import annotations
 
 import argparse
-import os
 import random
 import secrets
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness import work
 from harness.analysis import Summary, summarize
+from harness.cache import KEPT, Store, default_root, suite_run_key
 from harness.engine import Cell, Launch, SuiteRun, unjudgeable
 from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput, staged, starter
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout, printable
@@ -196,6 +197,7 @@ class Score:
     errors: dict[str, str]  # subject -> why the suite did not run on it
     invalid: str  # why the suite scores nothing, if it does
     module_name: str
+    reuse: str = ""  # with --incremental: how many subjects' runs came from the cache
 
     @property
     def killed(self) -> list[str]:
@@ -219,8 +221,12 @@ def mutation_score(
     jobs: int | None = None,
     progress: Callable[[str, SubjectRun], None] | None = None,
     unsafe: bool = False,
+    executor: work.Executor | None = None,
+    store: Store | None = None,
 ) -> Score:
-    """Run the suite on every subject (up to `jobs` at once) and score it."""
+    """Run the suite on every subject, each subject's run a unit of `executor` (default: up to
+    `jobs` at once here), and score it. With a `store`, a subject's run whose key it holds is
+    taken from it (harness.cache.suite_run_key), and each clean run is stored."""
     tests_dir = Path(tests_dir).resolve()
     if not tests_dir.is_dir():
         raise FileNotFoundError(f"TESTS must be a folder of pytest files, got {tests_dir}")
@@ -231,24 +237,97 @@ def mutation_score(
     correct = [s for s in subs if s.is_correct]
     mutants = [s for s in subs if not s.is_correct]
     lock = threading.Lock()
+    ex = executor or work.LocalExecutor(jobs)
+    shipped: dict[str, Any] = {}  # the suite as plain data, packed once if a unit is shipped
 
-    def one(s: Subject) -> SubjectRun:
-        r = run_on(sources[s.name], tests_dir, module_name, limits, time_limit, unsafe)
-        if progress is not None:
-            with lock:
-                progress(s.name, r)
-        return r
+    def unit(s: Subject) -> work.Unit[SubjectRun]:
+        def payload() -> dict[str, Any]:
+            if not shipped:
+                with staged({"tests": tests_dir}):  # refused here as a local run refuses it
+                    shipped["tests"] = work.pack(tests_dir)
+            return {
+                "source": sources[s.name],
+                "tests": shipped["tests"],
+                "module_name": module_name,
+                "limits": asdict(limits),
+                "time_limit": time_limit,
+                "unsafe": unsafe,
+            }
 
+        return work.Unit(
+            s.name,
+            lambda: run_on(sources[s.name], tests_dir, module_name, limits, time_limit, unsafe),
+            run_shipped,
+            payload,
+            _run_from_json,
+            lambda why: SubjectRun(error=why),
+            sandboxed=not unsafe,
+        )
+
+    kept: dict[str, SubjectRun] = {}
+    keys: dict[str, str] = {}
+    if store is not None:
+        with staged({"tests": tests_dir}):  # refused here as a run would refuse it
+            suite = work.pack(tests_dir)
+        settings = {"module": module_name, "limits": asdict(limits), "time_limit": time_limit}
+        for s in subs:
+            keys[s.name] = suite_run_key(s.payload(), suite, settings | {"unsafe": unsafe})
+            if (value := store.get(keys[s.name])) is not None:
+                kept[s.name] = _run_from_json(value)
     runs: dict[str, SubjectRun] = {}
-    with ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
-        # the correct subjects first: a suite that does not even collect on impl is broken, and
-        # running it on the mutants would only repeat pytest's own error eleven times
-        for wave in (secret.sample(correct, len(correct)), secret.sample(mutants, len(mutants))):
-            runs.update(zip([s.name for s in wave], pool.map(one, wave), strict=True))
-            impl = runs["impl"]
-            if not impl.collected or (impl.error and not impl.cells):
-                raise SuiteBroken(impl.error or "pytest collected no test on impl")
-    return _score(subs, runs, module_name, time_limit, time.monotonic() - started)
+    # the correct subjects first: a suite that does not even collect on impl is broken, and
+    # running it on the mutants would only repeat pytest's own error eleven times
+    for wave in (secret.sample(correct, len(correct)), secret.sample(mutants, len(mutants))):
+        todo = [s for s in wave if s.name not in kept]
+
+        def done(i: int, r: SubjectRun, todo: list[Subject] = todo) -> None:
+            if progress is not None:
+                with lock:
+                    progress(todo[i].name, r)
+
+        runs.update(zip([s.name for s in todo], ex.run([unit(s) for s in todo], done), strict=True))
+        runs.update({s.name: kept[s.name] for s in wave if s.name in kept})
+        for s in todo:
+            r = runs[s.name]
+            clean = not r.error and all(c.outcome in KEPT for c in r.cells.values())
+            if store is not None and clean:
+                store.put(keys[s.name], _run_json(r))
+        impl = runs["impl"]
+        if not impl.collected or (impl.error and not impl.cells):
+            raise SuiteBroken(impl.error or "pytest collected no test on impl")
+    score = _score(subs, runs, module_name, time_limit, time.monotonic() - started)
+    if store is not None:
+        score.reuse = f"incremental: {len(kept)} of {len(subs)} subjects' runs reused"
+    return score
+
+
+def run_shipped(payload: dict[str, Any]) -> dict[str, Any]:
+    """One subject's run as a remote unit (on a Dask worker): the shipped suite recreated in a
+    private folder, run by run_on() exactly as here (sandboxed on this machine), the result
+    returned as plain data."""
+    with tempfile.TemporaryDirectory(prefix="xfmr-shipped-") as folder:
+        tests_dir = Path(folder) / "tests"
+        work.unpack(payload["tests"], tests_dir)
+        r = run_on(
+            payload["source"],
+            tests_dir,
+            payload["module_name"],
+            Limits(**payload["limits"]),
+            payload["time_limit"],
+            payload["unsafe"],
+        )
+    return _run_json(r)
+
+
+def _run_json(r: SubjectRun) -> dict[str, Any]:
+    data = asdict(r)
+    data["cells"] = {k: [c.outcome.value, c.message, c.seconds] for k, c in r.cells.items()}
+    return data
+
+
+def _run_from_json(data: dict[str, Any]) -> SubjectRun:
+    cells = {k: Cell(Outcome(o), m, sec) for k, (o, m, sec) in data["cells"].items()}
+    return SubjectRun(**{**data, "cells": cells})
 
 
 class SuiteBroken(Exception):
@@ -425,6 +504,13 @@ def configure_mutation_score(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jobs", type=positive(int), default=None, help="subjects at once (default: CPUs)"
     )
+    work.add_scheduler(parser)
+    parser.add_argument(
+        "--incremental", action="store_true", help="rerun only subjects whose inputs changed"
+    )
+    parser.add_argument(
+        "--cache-dir", metavar="DIR", help=f"the incremental cache (default {default_root()})"
+    )
 
 
 def run_mutation_score(args: argparse.Namespace) -> int:
@@ -437,20 +523,28 @@ def run_mutation_score(args: argparse.Namespace) -> int:
     if problem := isolation_problem(args):
         return usage_error("mutation-score", problem)
     try:
-        s = mutation_score(
-            args.tests,
-            args.module,
-            Limits(memory_mb=args.memory_mb),
-            args.time_limit,
-            args.jobs,
-            progress,
-            args.unsafe_no_sandbox,
-        )
-    except (FileNotFoundError, UnsafeInput) as e:
+        executor = work.executor(args.scheduler, args.jobs)
+        try:
+            s = mutation_score(
+                args.tests,
+                args.module,
+                Limits(memory_mb=args.memory_mb),
+                args.time_limit,
+                args.jobs,
+                progress,
+                args.unsafe_no_sandbox,
+                executor,
+                Store(args.cache_dir or default_root()) if args.incremental else None,
+            )
+        finally:
+            executor.close()
+    except (FileNotFoundError, UnsafeInput, work.ClusterProblem, work.TooLarge) as e:
         return usage_error("mutation-score", str(e))
     except SuiteBroken as e:
         return usage_error("mutation-score", f"the suite is broken, no mutant was run: {e}")
     print(text(s, args.tests))
+    if s.reuse:
+        print(s.reuse)
     written = write_all(
         "mutation-score",
         [(args.json, lambda: to_json(s)), (args.stryker, lambda: stryker(s, args.tests))],

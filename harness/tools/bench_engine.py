@@ -1,0 +1,297 @@
+"""`xfmr bench-engine`: where the units run and what the incremental cache saves, in one run.
+
+Each measurement runs the real command (`python -m harness ...`) in a child process, timed from
+outside, so the figures are what a user waits for, interpreter and cluster start-up included:
+
+1. `xfmr matrix` on the local executor (threads here), on `--scheduler local:1` and `local:2`
+   (a Dask LocalCluster, started by the command itself) and on a standing two-worker cluster on
+   localhost (`dask scheduler` + two `dask worker` processes, started once beforehand, its
+   start-up reported apart);
+2. `xfmr grade-batch` of SUBMISSIONS copies of the examples (correct and faulty alternating) on
+   the local executor, `local:2` and the standing cluster;
+3. the overhead per cell of each executor against the local one: (its wall - local wall) / cells;
+4. `xfmr matrix --incremental` in a fresh cache (every cell runs and is stored), then again after
+   a one-line change to one mutant's patch (its row runs, the rest is reused), against the full
+   local run's wall time.
+
+Needs the [dist] extra. Prints a Markdown report; --out also writes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.shared_tests.laws import SHARED_TESTS
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+LEARNING = "test_learns_reversed_addition"
+# The one-line change: s11's replacement line, rewritten with the same meaning.
+EDIT = (
+    "s11",
+    "return list(best)  # mutant s11: eos kept",
+    "return [*best]  # mutant s11: eos kept",
+)
+PARTS = ("executors", "overhead", "incremental")
+QUICK = "test_hand_example_noam"  # milliseconds a cell: a matrix of it is all overhead
+TARGET = 0.15  # the issue's bar: an incremental run after a one-line change <= 15% of a full run
+
+
+def _parts(text: str) -> tuple[str, ...]:
+    parts = tuple(text.split(","))
+    if not parts or not set(parts) <= set(PARTS):
+        raise argparse.ArgumentTypeError(f"--parts takes names of {PARTS}, got {text!r}")
+    return parts
+
+
+def configure_bench_engine(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--submissions", type=int, default=20, help="grade-batch's batch size")
+    parser.add_argument(
+        "--with-learning",
+        action="store_true",
+        help=f"grade with {LEARNING} too (20 s a submission; left out by default)",
+    )
+    parser.add_argument("--only", metavar="NAMES", help="matrix subjects (default: all)")
+    parser.add_argument("--out", metavar="FILE", help="also write the report here")
+    parser.add_argument(
+        "--parts",
+        type=_parts,
+        default=PARTS,
+        metavar="NAMES",
+        help=f"comma-separated, of {','.join(PARTS)} (default: all)",
+    )
+
+
+@dataclass
+class Timed:
+    label: str
+    wall: float  # the command's, from outside
+    engine: float | None  # the run's own wall line, where it prints one
+    status: int
+    output: str
+
+
+def timed(label: str, argv: list[str], env: dict[str, str] | None = None) -> Timed:
+    print(f"  running: {label}", file=sys.stderr, flush=True)
+    begun = time.monotonic()
+    done = subprocess.run(
+        argv, capture_output=True, text=True, env={**os.environ, **(env or {})}, timeout=3600
+    )
+    wall = time.monotonic() - begun
+    found = re.search(r"^wall ([0-9.]+) s", done.stdout, re.M)
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"{label} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    engine = float(found.group(1)) if found else None
+    return Timed(label, wall, engine, done.returncode, done.stdout + done.stderr)
+
+
+def xfmr(*args: str) -> list[str]:
+    return [sys.executable, "-m", "harness", *args]
+
+
+def edited_matrix(argv: list[str]) -> int:
+    """`xfmr matrix ARGV` with EDIT applied to the mutant catalog (a one-line change)."""
+    import dataclasses
+
+    from harness.cli import main
+    from mutants import catalog
+    from mutants.patch import Patch
+
+    mutant_id, old, new = EDIT
+    m = catalog.get(mutant_id)
+    patches = tuple(Patch(p.old, p.new.replace(old, new)) for p in m.patches)
+    if patches == m.patches:
+        raise SystemExit(f"the edit no longer applies to {mutant_id}'s patch")
+    catalog._BY_ID[mutant_id] = dataclasses.replace(m, patches=patches)
+    return main(["matrix", *argv])
+
+
+def load() -> str:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def run_bench_engine(args: argparse.Namespace) -> int:
+    report = [
+        "# Engine benchmark: local threads vs Dask, and the incremental cache",
+        "",
+        f"Command: `{_command(args)}`",
+        f"Machine: {os.cpu_count()} CPUs; load average before: {load()}",
+        "",
+    ]
+    matrix = ["matrix", "--quiet", *(["--only", args.only] if args.only else [])]
+    with tempfile.TemporaryDirectory(prefix="xfmr-bench-") as tmp:
+        full = None
+        if "executors" in args.parts:
+            full = _executors(args, matrix, Path(tmp), report)
+        if "overhead" in args.parts:
+            report += _overhead(matrix)
+        if "incremental" in args.parts:
+            if full is None:
+                full = timed("matrix, local (threads, --jobs CPUs)", xfmr(*matrix))
+                report += [f"Full local matrix: {full.wall:.1f} s.", ""]
+            report += _incremental(matrix, Path(tmp), full)
+    report += ["", f"Load average after: {load()}"]
+    text = "\n".join(report) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+    return 0
+
+
+def _executors(args: argparse.Namespace, matrix: list[str], tmp: Path, report: list[str]) -> Timed:
+    """The matrix and grade-batch on every executor; the report's tables. The local matrix run."""
+    from harness.cluster import localhost_cluster  # needs the [dist] extra
+
+    tests = [t for t in SHARED_TESTS if args.with_learning or t.name != LEARNING]
+    folder = tmp / "submissions"
+    folder.mkdir()
+    for i in range(args.submissions):
+        kind = ("correct", "faulty")[i % 2]
+        shutil.copyfile(EXAMPLES / f"{kind}_submission.py", folder / f"s{i:03d}_{kind}.py")
+    begun = time.monotonic()
+    with localhost_cluster(workers=2) as address:
+        cluster_start = time.monotonic() - begun
+        runs = [
+            timed("matrix, local (threads, --jobs CPUs)", xfmr(*matrix)),
+            timed("matrix, --scheduler local:1", xfmr(*matrix, "--scheduler", "local:1")),
+            timed("matrix, --scheduler local:2", xfmr(*matrix, "--scheduler", "local:2")),
+            timed("matrix, localhost cluster", xfmr(*matrix, "--scheduler", address)),
+        ]
+        batch = ["grade-batch", str(folder), "--tests", ",".join(t.name for t in tests)]
+        grades = [
+            timed(f"grade-batch, {label}", xfmr(*batch, "--out", f"{tmp}/g{i}", *where))
+            for i, (label, where) in enumerate(
+                [
+                    ("local", []),
+                    ("--scheduler local:2", ["--scheduler", "local:2"]),
+                    ("localhost cluster", ["--scheduler", address]),
+                ]
+            )
+        ]
+    n_subjects = _subjects(runs[0].output)
+    cells = len(SHARED_TESTS) * n_subjects
+    grade_cells = args.submissions * len(tests)
+    report += [
+        f"Two-worker localhost cluster (`dask scheduler` + 2 x `dask worker --nthreads 1`): "
+        f"started in {cluster_start:.1f} s, once, before the runs below.",
+        "",
+        f"## Matrix: {len(SHARED_TESTS)} tests x {n_subjects} subjects = {cells} cells",
+        "",
+        *_table(runs, cells),
+        "",
+        f"## grade-batch: {args.submissions} submissions x {len(tests)} tests = {grade_cells} "
+        f"cells{'' if args.with_learning else f' ({LEARNING} left out)'}",
+        "",
+        *_table(grades, grade_cells),
+        "",
+    ]
+    return runs[0]
+
+
+def _overhead(matrix: list[str]) -> list[str]:
+    """The matrix of the quickest test only: each unit is a worker start and milliseconds of
+    work, so the differences between executors are their own costs per unit."""
+    from harness.cluster import localhost_cluster  # needs the [dist] extra
+
+    quick = [*matrix, "--tests", QUICK]
+    with localhost_cluster(workers=2) as address:
+        runs = [
+            timed(f"{QUICK} only, {label}", xfmr(*quick, *where))
+            for label, where in [
+                ("local", []),
+                ("--scheduler local:2", ["--scheduler", "local:2"]),
+                ("localhost cluster", ["--scheduler", address]),
+            ]
+        ]
+    units = _subjects(runs[0].output)
+    return [
+        f"## Overhead: {QUICK} alone on {units} subjects ({units} units, milliseconds of work)",
+        "",
+        *_table(runs, units),
+        "",
+        "(per cell here = per unit: one row of one cell)",
+        "",
+    ]
+
+
+def _incremental(matrix: list[str], tmp: Path, full: Timed) -> list[str]:
+    """matrix --incremental in an empty cache, then after EDIT; against the full local run."""
+    cache = ["--incremental", "--cache-dir", f"{tmp}/cache"]
+    first = timed("matrix --incremental, empty cache", xfmr(*matrix, *cache))
+    code = (
+        "import sys; from harness.tools.bench_engine import edited_matrix; "
+        "sys.exit(edited_matrix(sys.argv[1:]))"
+    )
+    again = timed(
+        f"matrix --incremental after a one-line change to {EDIT[0]}'s patch",
+        [sys.executable, "-c", code, *matrix[1:], *cache],
+    )
+    lines = [
+        "## Incremental matrix",
+        "",
+        "| run | wall (s) | cells reused | cells run | of the full local run |",
+        "|---|---|---|---|---|",
+    ]
+    for t in (first, again):
+        reused, total, ran = _reuse(t.output)
+        share = t.wall / full.wall
+        lines.append(f"| {t.label} | {t.wall:.1f} | {reused} of {total} | {ran} | {share:.0%} |")
+    ratio = again.wall / full.wall
+    verdict = "meets" if ratio <= TARGET else "misses"
+    return lines + [
+        "",
+        f"After the one-line change: {ratio:.0%} of the full local run's wall time ({verdict} the "
+        f"target of {TARGET:.0%}).",
+    ]
+
+
+def _command(args: argparse.Namespace) -> str:
+    words = ["xfmr", "bench-engine", "--submissions", str(args.submissions)]
+    words += ["--only", args.only] if args.only else []
+    words += ["--with-learning"] if args.with_learning else []
+    words += ["--parts", ",".join(args.parts)] if args.parts != PARTS else []
+    return " ".join(words + (["--out", args.out] if args.out else []))
+
+
+def _table(runs: list[Timed], cells: int) -> list[str]:
+    local = runs[0].wall
+    rows = [
+        "| executor | wall (s) | engine wall (s) | vs local | overhead per cell (ms) |",
+        "|---|---|---|---|---|",
+    ]
+    for t in runs:
+        engine = f"{t.engine:.1f}" if t.engine is not None else "-"
+        overhead = 1000 * (t.wall - local) / cells
+        rows.append(
+            f"| {t.label} | {t.wall:.1f} | {engine} | {t.wall / local:.2f}x | {overhead:+.0f} |"
+        )
+    return rows
+
+
+def _subjects(output: str) -> int:
+    found = re.search(r"Kill-rate matrix: \d+ shared tests x (\d+) subjects", output)
+    if not found:
+        raise RuntimeError(f"no matrix header in:\n{output[-2000:]}")
+    return int(found.group(1))
+
+
+def _reuse(output: str) -> tuple[int, int, int]:
+    found = re.search(r"incremental: (\d+) of (\d+) cells reused, (\d+) run", output)
+    if not found:
+        raise RuntimeError(f"no incremental line in:\n{output[-2000:]}")
+    reused, total, ran = map(int, found.groups())
+    return reused, total, ran
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(prog="python -m harness.tools.bench_engine")
+    configure_bench_engine(parser)
+    sys.exit(run_bench_engine(parser.parse_args()))

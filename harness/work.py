@@ -1,0 +1,187 @@
+"""Where a unit of work runs: the executor seam of the engine and the jobs.
+
+A unit is one subject's row of the kill-rate matrix, one submission's grade, or one subject's run
+of a student's suite. Each unit can run two ways:
+
+- `run()`, in this process: what the local executor (the default) does, in a pool of threads,
+  each thread driving its own caged worker process, exactly as before the seam existed;
+- `task(payload)` somewhere else: `task` is a module-level function of the project and
+  `payload` plain data (source text and bytes, test names, limits), so a Dask worker on another
+  machine can run it with its own copy of the project; what comes back is plain data too, which
+  `decode` turns into the unit's result here.
+
+The Dask executor lives in harness.cluster and is imported only when a --scheduler is given:
+nothing of dask is imported by the default paths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import re
+import stat
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, Protocol, TypeVar
+
+R = TypeVar("R")
+Done = Callable[[int, Any], None]  # done(index, result) as each unit finishes
+
+
+@dataclass(frozen=True)
+class Unit(Generic[R]):
+    """One unit of work, runnable here or, as plain data, on a remote worker."""
+
+    label: str  # for progress and error messages
+    run: Callable[[], R]  # here, in this process
+    task: Callable[[Any], Any]  # a module-level function: task(payload) -> plain data
+    payload: Callable[[], Any]  # the plain data `task` needs (built only when shipped)
+    decode: Callable[[Any], R]  # task's plain data back into the result
+    lost: Callable[[str], R]  # the result when the unit could not be run at all (said why)
+    sandboxed: bool = False  # the task runs untrusted code: the worker must have the sandbox
+
+
+class Executor(Protocol):
+    """Runs units; returns their results in the units' order."""
+
+    description: str
+    width: int  # how many units it runs at once
+
+    def run(self, units: Sequence[Unit[R]], done: Done | None = None) -> list[R]:
+        """Every unit's result, in order; `done(index, result)` as each one finishes."""
+
+    def close(self) -> None:
+        """Release what the executor started (threads, a cluster)."""
+
+
+class LocalExecutor:
+    """Today's behaviour: up to `jobs` units at once in threads of this process."""
+
+    def __init__(self, jobs: int | None = None) -> None:
+        self.jobs = max(1, jobs or os.cpu_count() or 1)
+        self.width = self.jobs  # units at once
+        self.description = f"local, {self.jobs} at once"
+
+    def run(self, units: Sequence[Unit[R]], done: Done | None = None) -> list[R]:
+        results: list[Any] = [None] * len(units)
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            futures = {pool.submit(u.run): i for i, u in enumerate(units)}
+            for future in as_completed(futures):
+                i = futures[future]
+                results[i] = future.result()
+                if done is not None:
+                    done(i, results[i])
+        return results
+
+    def close(self) -> None:
+        pass
+
+
+# --- --scheduler --------------------------------------------------------------------------------
+
+SCHEDULER_HELP = (
+    "run the units on a Dask cluster: tcp://HOST:PORT (an existing scheduler) or local:N "
+    "(a LocalCluster of N worker processes); default: this process's threads"
+)
+_ADDRESS = re.compile(r"^(tcp|tls|ws|wss|inproc)://[^\s/]+(:\d{1,5})?/?$")
+_LOCAL = re.compile(r"^local:(\d+)$")
+
+
+@dataclass(frozen=True)
+class Scheduler:
+    """A checked --scheduler value: an address, or a local cluster's worker count."""
+
+    address: str | None = None
+    local_workers: int | None = None
+
+    def __str__(self) -> str:
+        return self.address or f"local:{self.local_workers}"
+
+
+def scheduler(text: str) -> Scheduler:
+    """An argparse type for --scheduler: tcp://HOST:PORT or local:N (N >= 1)."""
+    if m := _LOCAL.match(text):
+        if int(m.group(1)) < 1:
+            raise argparse.ArgumentTypeError(f"local:N needs N >= 1, got {text!r}")
+        return Scheduler(local_workers=int(m.group(1)))
+    if _ADDRESS.match(text):
+        return Scheduler(address=text.rstrip("/"))
+    raise argparse.ArgumentTypeError(
+        f"{text!r} is neither a scheduler address (tcp://HOST:PORT) nor local:N"
+    )
+
+
+def add_scheduler(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scheduler", type=scheduler, metavar="ADDRESS", help=SCHEDULER_HELP)
+
+
+class ClusterProblem(RuntimeError):
+    """The cluster cannot be used as asked (unreachable, a worker that cannot set up the sandbox
+    or runs another version of the project): the run stops, nothing is judged."""
+
+
+def executor(where: Scheduler | None, jobs: int | None = None) -> Executor:
+    """The local executor, or (only then importing dask) a Dask one on `where`. harness.cluster
+    is loaded by name, as cli.py loads a command's module: nothing else imports it."""
+    if where is None:
+        return LocalExecutor(jobs)
+    try:
+        cluster = importlib.import_module("harness.cluster")
+    except ImportError as e:
+        raise ClusterProblem(
+            f"--scheduler needs dask.distributed ({e}): pip install 'xfmr-oracle[dist]'"
+        ) from None
+    return cluster.DaskExecutor.connect(where)
+
+
+# --- files as plain data ------------------------------------------------------------------------
+
+# What one shipped file tree may weigh: a submission or a student suite is kilobytes.
+MAX_SHIPPED = 64 << 20
+
+
+class TooLarge(ValueError):
+    """A tree over MAX_SHIPPED bytes."""
+
+
+def pack(path: Path) -> dict[str, Any]:
+    """A file or folder as plain data, links and special files kept as what they are (never
+    followed), so that the receiving side stages and refuses exactly what this side would."""
+    total = 0
+
+    def one(p: Path) -> dict[str, Any]:
+        nonlocal total
+        mode = os.lstat(p).st_mode
+        if stat.S_ISLNK(mode):
+            return {"link": os.readlink(p)}
+        if stat.S_ISREG(mode):
+            data = p.read_bytes()
+            total += len(data)
+            if total > MAX_SHIPPED:
+                raise TooLarge(f"{path} holds over {MAX_SHIPPED >> 20} MiB")
+            return {"file": data}
+        if stat.S_ISDIR(mode):
+            entries = sorted(os.scandir(p), key=lambda e: e.name)
+            return {"dir": {e.name: one(Path(e.path)) for e in entries if e.name != "__pycache__"}}
+        return {"special": True}
+
+    return one(path)
+
+
+def unpack(tree: dict[str, Any], path: Path) -> None:
+    """Recreate a packed tree at `path` (a private folder of the receiving side)."""
+    if "file" in tree:
+        path.write_bytes(tree["file"])
+    elif "dir" in tree:
+        path.mkdir()
+        for name, sub in tree["dir"].items():
+            if "/" in name or name in ("", ".", ".."):
+                raise ValueError(f"a packed tree may not name {name!r}")
+            unpack(sub, path / name)
+    elif "link" in tree:
+        os.symlink(tree["link"], path)
+    else:
+        os.mkfifo(path)  # a special file stays one: staging refuses it as it would have
