@@ -166,11 +166,11 @@ def attention_candidates(
         pad = mask[..., -1:, :].repeat(T, axis=-2)  # the last query's keys: every real one
         for k, cause in ((1, "sees one position ahead"), (-1, "hides the position itself")):
             shifted = np.tril(np.ones((T, S), dtype=bool), k)[None, None] & pad
+            with np.errstate(invalid="ignore"):  # "hides itself": position 0 reads nothing
+                value = multi_head_attention(q, kv, p, shifted, h)[0]
             out.append(
                 Candidate(
-                    f"causal {k:+d}",
-                    multi_head_attention(q, kv, p, shifted, h)[0],
-                    f"the causal mask is off by one: position t {cause}",
+                    f"causal {k:+d}", value, f"the causal mask is off by one: position t {cause}"
                 )
             )
         out.append(
