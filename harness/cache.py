@@ -40,11 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from harness import fingerprint
-from harness.engine import Cell, Progress, SuiteRun, run_suite
+from harness.coverage import run_inferring
+from harness.engine import Cell, Progress, SuiteRun
 from harness.outcomes import Outcome
 from harness.shared_tests.record import Test
 from harness.subjects import Subject
-from harness.work import Executor, LocalExecutor
+from harness.work import Executor
 
 FORMAT = 1
 # Outcomes worth keeping: the subject's verdict, not the machine's weather.
@@ -170,11 +171,15 @@ class Reuse:
     reused: int
     ran: int
     damaged: int
+    inferred: int = 0  # not run, newly: impl's coverage shows the test cannot reach the change
 
     def line(self) -> str:
-        total = self.reused + self.ran
+        total = self.reused + self.ran + self.inferred
         damaged = f"; {self.damaged} damaged entries ignored" if self.damaged else ""
-        return f"incremental: {self.reused} of {total} cells reused, {self.ran} run{damaged}"
+        inferred = f", {self.inferred} inferred from impl's coverage" if self.inferred else ""
+        return (
+            f"incremental: {self.reused} of {total} cells reused{inferred}, {self.ran} run{damaged}"
+        )
 
 
 def incremental_suite(
@@ -184,50 +189,46 @@ def incremental_suite(
     jobs: int | None = None,
     progress: Progress | None = None,
     executor: Executor | None = None,
+    infer: bool = True,
 ) -> tuple[SuiteRun, Reuse]:
-    """run_suite, taking from `store` every cell whose key it holds, running only the rest, and
-    storing what they gave. The run holds every cell either way (a --check sees them all).
+    """The suite's run, taking from `store` every cell whose key it holds, running only the rest
+    (harness.coverage.run_inferring: with `infer`, a mutant's cell that impl's coverage shows the
+    test cannot reach is impl's, not run), and storing what ran. The run holds every cell either
+    way (a --check sees them all).
 
     When fewer rows have cells to run than the executor runs units at once, each such row is
     split into that many units (each its own worker), balanced by the tests' last measured
     seconds: one changed mutant's row then takes its slowest test's time, not the sum."""
     started = time.monotonic()
-    ex = executor or LocalExecutor(jobs)
     keys = cell_keys(tests, subjects)
     kept: dict[tuple[str, str], Cell] = {}
     measured: dict[str, list[float]] = {}
     for (test, subject), key in keys.items():
         value = store.get(key)
         if value is not None:
-            kept[(test, subject)] = Cell(Outcome(value["outcome"]), value["message"], 0.0)
-            measured.setdefault(test, []).append(float(value.get("seconds", 0.0)))
-    missing = {s.name: [t for t in tests if (t.name, s.name) not in kept] for s in subjects}
-    busy = sum(bool(m) for m in missing.values())
-    parts = max(1, getattr(ex, "width", 1) // max(1, busy))
+            covered = value.get("covered")
+            covered = None if covered is None else frozenset(map(str, covered))
+            ran = value.get("ran", True) is not False
+            cell = Cell(Outcome(value["outcome"]), value["message"], 0.0, covered, ran)
+            kept[(test, subject)] = cell
+            if ran:
+                measured.setdefault(test, []).append(float(value.get("seconds", 0.0)))
     weight = {
         t.name: statistics.median(measured[t.name]) if t.name in measured else t.timeout
         for t in tests
     }
-    groups = {name: split([t.name for t in m], parts, weight) for name, m in missing.items()}
-    run = run_suite(tests, subjects, progress=progress, executor=ex, groups=groups)
+    run = run_inferring(tests, subjects, kept, jobs, progress, executor, weight=weight, infer=infer)
+    ran = inferred = 0
     for cell_id, cell in run.cells.items():
+        if cell_id in kept:
+            continue
+        ran, inferred = ran + cell.ran, inferred + (not cell.ran)
         if cell.outcome in KEPT:
             value = {"outcome": cell.outcome.value, "message": cell.message}
+            if cell.covered is not None:
+                value["covered"] = sorted(cell.covered)
+            if not cell.ran:
+                value["ran"] = False
             store.put(keys[cell_id], value | {"seconds": round(cell.seconds, 3)})
-    ran = len(run.cells)
-    run.cells.update(kept)
     run.wall_seconds = time.monotonic() - started
-    return run, Reuse(len(kept), ran, store.damaged)
-
-
-def split(names: list[str], parts: int, weight: dict[str, float]) -> list[list[str]]:
-    """`names` in at most `parts` groups of near-equal total weight (heaviest first into the
-    lightest group), each group in the given order."""
-    bins: list[list[str]] = [[] for _ in range(min(parts, len(names)) or 1)]
-    load = [0.0] * len(bins)
-    for name in sorted(names, key=lambda n: -weight[n]):
-        i = load.index(min(load))
-        bins[i].append(name)
-        load[i] += weight[name]
-    order = {n: i for i, n in enumerate(names)}
-    return [sorted(b, key=order.__getitem__) for b in bins if b]
+    return run, Reuse(len(kept), ran, store.damaged, inferred)

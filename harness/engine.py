@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,9 +48,12 @@ class Launch:
     confine: dict[str, Any] = field(default_factory=dict)  # the worker's own limits
     load_timeout: float = LOAD_TIMEOUT
 
-    def worker(self) -> Worker:
-        """A started and loaded worker (WorkerDied / WorkerTimeout / SubjectRaised if not)."""
+    def worker(self, trace: bool = False) -> Worker:
+        """A started and loaded worker (WorkerDied / WorkerTimeout / SubjectRaised if not);
+        traced: it records the subject's functions each request runs (Worker.calls), from load."""
         worker = Worker(self.start)
+        if trace:
+            worker.calls = set()
         try:
             worker.load(
                 self.subject, time.monotonic() + self.load_timeout, self.probes, self.confine
@@ -73,6 +76,9 @@ class Cell:
     outcome: Outcome
     message: str = ""
     seconds: float = 0.0
+    # a traced row's cell: the subject's functions that loading it and this test ran
+    covered: frozenset[str] | None = None
+    ran: bool = True  # False: inferred, not run (harness.coverage)
 
 
 @dataclass
@@ -100,7 +106,9 @@ Progress = Callable[[Subject, Test, Cell, int, int], None]
 
 
 def run_test(test: Test, worker: Worker) -> Cell:
-    """Run one test's check against a live worker; the worker may be dead afterwards."""
+    """Run one test's check against a live worker; the worker may be dead afterwards. A traced
+    worker's cell says what the test covered: what loading ran (worker.calls on entry) and what
+    the test's calls ran."""
     start = time.monotonic()
     deadline = start + test.timeout
 
@@ -121,7 +129,8 @@ def run_test(test: Test, worker: Worker) -> Cell:
         outcome, message = Outcome.ERROR, str(e)
     except Exception as e:  # the check could not read the answer: malformed data is the subject's
         outcome, message = Outcome.KILLED, unjudgeable(e)
-    return Cell(outcome, message, time.monotonic() - start)
+    covered = frozenset(worker.calls) if worker.calls is not None else None
+    return Cell(outcome, message, time.monotonic() - start, covered)
 
 
 def unjudgeable(e: Exception) -> str:
@@ -137,13 +146,16 @@ def run_subject(
     tests: Sequence[Test],
     on_cell: Callable[[Test, Cell], None],
     launch: Callable[[Subject], Launch] = trusted,
+    trace: bool = False,
 ) -> tuple[dict[str, Cell], list[float]]:
     """Every test on one subject in order, restarting the worker after a timeout or a crash;
-    the cells, and each worker start's seconds (the last one's failed to load if load failed)."""
+    the cells, and each worker start's seconds (the last one's failed to load if load failed).
+    trace: each cell says which of the subject's functions loading and its test ran."""
     cells: dict[str, Cell] = {}
     worker: Worker | None = None
     load_failure: Cell | None = None  # a subject that cannot load fails every test the same way
     starts: list[float] = []
+    loaded: set[str] = set()  # what loading the current worker ran (traced)
     try:
         for test in tests:
             if load_failure is not None:
@@ -151,12 +163,15 @@ def run_subject(
             else:
                 if worker is None:
                     begun = time.monotonic()
-                    worker, load_failure = _start(launch(subject))
+                    worker, load_failure = _start(launch(subject), trace)
                     starts.append(time.monotonic() - begun)
                     if load_failure is not None:
                         cells[test.name] = load_failure
                         on_cell(test, load_failure)
                         continue
+                    loaded = set(worker.calls or ())
+                if trace:
+                    worker.calls = set(loaded)
                 cell = run_test(test, worker)
                 if cell.outcome in (Outcome.TIMEOUT, Outcome.ERROR):
                     worker.close()
@@ -169,11 +184,11 @@ def run_subject(
     return cells, starts
 
 
-def _start(launch: Launch) -> tuple[Worker | None, Cell | None]:
+def _start(launch: Launch, trace: bool = False) -> tuple[Worker | None, Cell | None]:
     """A loaded worker, or the cell that its failure to load gives every test."""
     start = time.monotonic()
     try:
-        return launch.worker(), None
+        return launch.worker(trace), None
     except SubjectRaised as e:  # the subject raised at import: every test fails on it
         cell = Cell(Outcome.KILLED, str(e), time.monotonic() - start)
     except WorkerTimeout:
@@ -192,12 +207,14 @@ def run_suite(
     launch: Callable[[Subject], Launch] = trusted,
     executor: Executor | None = None,
     groups: Mapping[str, Sequence[Sequence[str]]] | None = None,
+    traced: Collection[str] = (),
 ) -> SuiteRun:
     """Every test on every subject: each subject's row a unit of `executor` (default: up to
     `jobs` subjects at once in threads here, the CPU count by default), each subject's workers
     started as `launch` says. `groups`: subject -> groups of test names, each group a unit of its
     own (default: one group of every test); a test in no group is left out of the run's cells
-    (the incremental cache fills those)."""
+    (the incremental cache and harness.coverage fill those). `traced`: the subjects whose cells
+    say what they covered (trusted subjects loaded from source)."""
     names = [t.name for t in tests]
     if len(set(names)) != len(names):
         raise ValueError(f"test names must be unique, got {names}")
@@ -225,7 +242,7 @@ def run_suite(
     def one(subject: Subject, piece: Sequence[Test]) -> Row:
         t0 = time.monotonic()
         on_cell = lambda test, cell: record(subject, test, cell)  # noqa: E731
-        cells, starts = run_subject(subject, piece, on_cell, launch)
+        cells, starts = run_subject(subject, piece, on_cell, launch, subject.name in traced)
         return Row(cells, starts, time.monotonic() - t0, live=True)
 
     def done(i: int, row: Row) -> None:
@@ -238,7 +255,7 @@ def run_suite(
             run.worker_starts[subject.name] += len(row.starts)
             run.start_seconds[subject.name] += row.starts
 
-    units = [_row_unit(s, piece, launch, one) for s, piece in pieces]
+    units = [_row_unit(s, piece, launch, one, s.name in traced) for s, piece in pieces]
     (executor or LocalExecutor(jobs)).run(units, done)
     run.wall_seconds = time.monotonic() - started
     return run
@@ -259,6 +276,7 @@ def _row_unit(
     tests: Sequence[Test],
     launch: Callable[[Subject], Launch],
     one: Callable[[Subject, Sequence[Test]], Row],
+    trace: bool = False,
 ) -> Unit[Row]:
     def payload() -> dict[str, Any]:
         from harness.shared_tests.laws import BY_NAME
@@ -269,7 +287,8 @@ def _row_unit(
         if strays:
             raise ValueError(f"only the registered shared tests run on a cluster, not {strays}")
         load = subject.payload()
-        return {"subject": subject.to_json(), "load": load, "tests": [t.name for t in tests]}
+        tests_ = [t.name for t in tests]
+        return {"subject": subject.to_json(), "load": load, "tests": tests_, "trace": trace}
 
     def lost(why: str) -> Row:
         return Row({t.name: Cell(Outcome.ERROR, why) for t in tests}, [], 0.0)
@@ -287,16 +306,25 @@ def run_row(payload: dict[str, Any]) -> dict[str, Any]:
     tests = [BY_NAME[name] for name in payload["tests"]]
     t0 = time.monotonic()
     spec = payload["load"]
-    cells, starts = run_subject(subject, tests, lambda t, c: None, lambda s: Launch(forked, spec))
+    launch = lambda s: Launch(forked, spec)  # noqa: E731
+    trace = payload.get("trace") is True
+    cells, starts = run_subject(subject, tests, lambda t, c: None, launch, trace)
     return {
-        "cells": {n: [c.outcome.value, c.message, c.seconds] for n, c in cells.items()},
+        "cells": {n: [c.outcome.value, c.message, c.seconds, _names(c)] for n, c in cells.items()},
         "starts": starts,
         "seconds": time.monotonic() - t0,
     }
 
 
+def _names(cell: Cell) -> list[str] | None:
+    return None if cell.covered is None else sorted(cell.covered)
+
+
 def decode_row(data: dict[str, Any]) -> Row:
-    cells = {n: Cell(Outcome(o), m, s) for n, (o, m, s) in data["cells"].items()}
+    cells = {
+        n: Cell(Outcome(o), m, s, None if c is None else frozenset(c))
+        for n, (o, m, s, c) in data["cells"].items()
+    }
     return Row(cells, list(data["starts"]), data["seconds"])
 
 

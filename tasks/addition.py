@@ -24,9 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the harness reads the numpy arrays
+    import torch
 
 PAD, BOS, EOS, PLUS = 0, 1, 2, 3
 DIGIT0 = 4  # digit k is token DIGIT0 + k
@@ -107,18 +110,32 @@ def _check_pairs(pairs: np.ndarray, digits: int) -> np.ndarray:
     return pairs
 
 
-def encode_sources(pairs: np.ndarray, digits: int) -> torch.Tensor:
-    """Sources of the sums in `pairs` [N, 2] -> LongTensor [N, 2n + 1], most significant first."""
+def source_array(pairs: np.ndarray, digits: int) -> np.ndarray:
+    """Sources of the sums in `pairs` [N, 2] -> int64 [N, 2n + 1], most significant first."""
     pairs = _check_pairs(pairs, digits)
     place = 10 ** np.arange(digits - 1, -1, -1)  # most significant digit first
     a = DIGIT0 + pairs[:, :1] // place % 10
     b = DIGIT0 + pairs[:, 1:] // place % 10
     plus = np.full((len(pairs), 1), PLUS)
-    return torch.from_numpy(np.concatenate([a, plus, b], axis=1))
+    return np.concatenate([a, plus, b], axis=1)
+
+
+def encode_sources(pairs: np.ndarray, digits: int) -> torch.Tensor:
+    """source_array as a LongTensor [N, 2n + 1]."""
+    import torch
+
+    return torch.from_numpy(source_array(pairs, digits))
 
 
 def encode_targets(pairs: np.ndarray, digits: int) -> torch.Tensor:
-    """Targets bos, reversed answer digits, eos, pad... -> LongTensor [N, n + 3]."""
+    """target_array as a LongTensor [N, n + 3]."""
+    import torch
+
+    return torch.from_numpy(target_array(pairs, digits))
+
+
+def target_array(pairs: np.ndarray, digits: int) -> np.ndarray:
+    """Targets bos, reversed answer digits, eos, pad... -> int64 [N, n + 3]."""
     pairs = _check_pairs(pairs, digits)
     total = pairs.sum(axis=1, keepdims=True)
     n_out = 1 + (total >= 10 ** np.arange(1, digits + 1)).sum(axis=1, keepdims=True)
@@ -126,7 +143,7 @@ def encode_targets(pairs: np.ndarray, digits: int) -> torch.Tensor:
     out = np.where(pos < n_out, DIGIT0 + total // 10**pos % 10, PAD)
     out = np.concatenate([np.full((len(pairs), 1), BOS), out, np.full((len(pairs), 1), PAD)], 1)
     out[np.arange(len(pairs)), 1 + n_out[:, 0]] = EOS  # right after the answer's last digit
-    return torch.from_numpy(out)
+    return out
 
 
 def target_answer(row: Sequence[int]) -> list[int]:

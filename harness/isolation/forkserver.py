@@ -99,6 +99,12 @@ def fork_server() -> ForkServer:
         return _SERVER
 
 
+def warm() -> None:
+    """Start the fork server now: it preloads torch in its own process for a few seconds, and
+    what the caller prepares meanwhile no longer waits in line behind that."""
+    fork_server()
+
+
 def forked(request_fd: int, reply_fd: int, log_fd: int) -> Process:
     """A `Start` for trusted workers: forked from the fork server."""
     return fork_server().spawn(request_fd, reply_fd, log_fd)

@@ -97,6 +97,9 @@ class Worker:
             os.close(req_r)
             os.close(resp_w)
         self.pid = self.process.pid
+        # when a set: every request is traced and the subject's functions it ran are added here
+        # (harness.isolation.child.calls; trusted subjects only)
+        self.calls: set[str] | None = None
 
     def load(
         self,
@@ -115,8 +118,16 @@ class Worker:
 
     def request(self, body: dict[str, Any], deadline: float) -> Any:
         """Send one request; the worker's value, or SubjectRaised / WorkerTimeout / WorkerDied."""
+        if self.calls is not None:
+            body = {**body, "trace": True}
         self.send(body)
-        return self._value(body, self.receive(deadline))
+        reply = self.receive(deadline)
+        if self.calls is not None:
+            called = reply.get("called") if isinstance(reply, dict) else None
+            if not isinstance(called, list) or not all(isinstance(n, str) for n in called):
+                raise WorkerDied(self._death(wire.ProtocolError("a traced reply without called")))
+            self.calls.update(called)
+        return self._value(body, reply)
 
     def send(self, body: dict[str, Any]) -> None:
         """Write one request frame; WorkerDied if the worker's end is gone."""

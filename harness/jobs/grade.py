@@ -614,6 +614,8 @@ def hardest(grades: Sequence[Grade]) -> pd.DataFrame:
         ],
         columns=["test", "failed", "outcome"],
     )
+    if cells.empty:  # every submission rejected: no test ran, none is hardest
+        return pd.DataFrame(columns=["test", "failed", "of", "share", "usual outcome"])
     failing = cells[cells.failed]
     table = cells.groupby("test", sort=False).agg(failed=("failed", "sum"), of=("failed", "size"))
     table["share"] = (table.failed / table["of"]).round(2)

@@ -7,7 +7,8 @@ Exit status: 0 when the matrix is healthy (no false alarm, every seed-named kill
 sanity mutant dies everywhere) and, with --check, equal to the expectation; 1 otherwise; 2 when
 nothing was judged (bad options, an unreachable or unfit cluster).
 With --scheduler each subject's row runs on a Dask cluster (harness.cluster); with --incremental
-only the cells whose inputs changed run (harness.cache).
+only the cells whose inputs changed run (harness.cache). A mutant's cell that impl's traced run
+shows the test cannot reach is impl's, not run (harness.coverage); --run-every-cell runs it.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from harness import work
 from harness.analysis import summarize
 from harness.cache import Store, default_root, incremental_suite
+from harness.coverage import inferred_line, run_inferring
 from harness.engine import SuiteRun, print_progress, run_suite
 from harness.reports import matrix as reports
 from harness.reports.writer import write_all
@@ -90,6 +92,11 @@ def configure_matrix(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cache-dir", metavar="DIR", help=f"the incremental cache (default {default_root()})"
+    )
+    parser.add_argument(
+        "--run-every-cell",
+        action="store_true",
+        help="also run the mutants' cells that impl's coverage shows a test cannot reach",
     )
 
 
@@ -166,11 +173,17 @@ def _run(
 ) -> tuple[SuiteRun, str]:
     """The run, on the executor and with the cache asked for; and the cache's line, if any."""
     executor = work.executor(getattr(args, "scheduler", None), args.jobs)
+    infer = not getattr(args, "run_every_cell", False)
     try:
         if not getattr(args, "incremental", False):
-            return run_suite(tests, subjects, progress=progress, executor=executor), ""
+            if not infer:
+                return run_suite(tests, subjects, progress=progress, executor=executor), ""
+            run = run_inferring(tests, subjects, progress=progress, executor=executor)
+            return run, inferred_line(run)
         store = Store(args.cache_dir or default_root())
-        run, reuse = incremental_suite(tests, subjects, store, progress=progress, executor=executor)
+        run, reuse = incremental_suite(
+            tests, subjects, store, progress=progress, executor=executor, infer=infer
+        )
         return run, reuse.line()
     finally:
         executor.close()

@@ -23,7 +23,8 @@ LEGEND = "  ".join(f"{o.symbol} {o.value}" for o in Outcome)
 
 
 def frame(run: SuiteRun) -> pd.DataFrame:
-    """One row per cell: test, subject, kind, outcome, seconds, message."""
+    """One row per cell: test, subject, kind, outcome, seconds, message, and whether it ran
+    (False: inferred from impl's coverage, harness.coverage)."""
     kinds = {s.name: s.kind.value for s in run.subjects}
     rows = [
         {
@@ -33,6 +34,7 @@ def frame(run: SuiteRun) -> pd.DataFrame:
             "outcome": run.cell(t.name, s.name).outcome.value,
             "seconds": round(run.cell(t.name, s.name).seconds, 3),
             "message": run.cell(t.name, s.name).message,
+            "ran": run.cell(t.name, s.name).ran,
         }
         for t in run.tests
         for s in run.subjects
@@ -225,18 +227,27 @@ Hover a cell for its message, a test for its law.</p>
 def stryker(run: SuiteRun, summary: Summary) -> dict[str, Any]:
     """The mutation-testing-report-schema (version 2) JSON that Stryker's viewers render: impl's
     source and each pitfall mutant with the region its patches change, the replacement, status,
-    reason and killers. The sanity mutant is left out (it checks the tests, not a pitfall), and
-    coveredBy with it: coverage is not measured, so no test is shown as covering."""
+    reason and killers. The sanity mutant is left out (it checks the tests, not a pitfall).
+    coveredBy: when impl's row ran traced (harness.coverage), the tests that reach the mutant's
+    change, which are the tests its cells ran for (the others were inferred, not run); without
+    that coverage it is left out, as no test is then known to cover or miss."""
     path, source = module_source("impl.transformer")
     root = str(Path(path).parents[1]) + "/"
     tests = [t.name for t in run.tests]
+    traced = any(s.name == "impl" for s in run.subjects) and all(
+        run.cell(t, "impl").covered is not None for t in tests
+    )
     mutants = []
     for s in run.subjects:
         if s.mutant is None or s.kind is Kind.SANITY:
             continue
         m = catalog.get(s.mutant)
         start, end, replacement = m.span(source)
-        ran = [t for t in tests if run.cell(t, s.name).outcome is not Outcome.NOT_APPLICABLE]
+        ran = [
+            t
+            for t in tests
+            if run.cell(t, s.name).outcome is not Outcome.NOT_APPLICABLE and run.cell(t, s.name).ran
+        ]
         reason = next(
             (run.cell(t, s.name).message for t in tests if run.cell(t, s.name).message), ""
         )
@@ -253,6 +264,7 @@ def stryker(run: SuiteRun, summary: Summary) -> dict[str, Any]:
                 "status": STRYKER_STATUS[summary.status[s.name]],
                 "statusReason": reason.replace(root, "")[:2000],  # paths relative to the project
                 "killedBy": sorted(summary.kill_sets[s.name]),
+                **({"coveredBy": ran} if traced else {}),
                 "testsCompleted": len(ran),
             }
         )

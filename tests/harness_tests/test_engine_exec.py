@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from harness import fingerprint, work
-from harness.cache import Store, cell_keys, incremental_suite, split, suite_run_key
+from harness.cache import Store, cell_keys, incremental_suite, suite_run_key
 from harness.cli import main
+from harness.coverage import split
 from harness.engine import run_suite
 from harness.jobs.matrix import matrix_subjects
 from harness.outcomes import Outcome
@@ -156,7 +157,11 @@ def test_an_unchanged_cell_is_reused_and_equals_a_fresh_one(tmp_path):
     store = Store(tmp_path)
     first, reuse1 = incremental_suite(HAND, SUBJECTS, store)
     second, reuse2 = incremental_suite(HAND, SUBJECTS, store)
-    assert (reuse1.reused, reuse1.ran) == (0, 6) and (reuse2.reused, reuse2.ran) == (6, 0)
+    # s07 (the loss) and s08 (the rate) each change what the other hand example never calls:
+    # those two cells are impl's, inferred (harness.coverage), and stored like the rest
+    assert (reuse1.reused, reuse1.ran, reuse1.inferred) == (0, 4, 2)
+    assert (reuse2.reused, reuse2.ran, reuse2.inferred) == (6, 0, 0)
+    assert not second.cell("test_hand_example_noam", "s07").ran
     fresh = run_suite(HAND, SUBJECTS)
     for s in SUBJECTS:
         assert second.row(s.name) == first.row(s.name) == fresh.row(s.name)
@@ -172,7 +177,7 @@ def test_a_one_line_patch_change_reruns_that_mutants_row_only(tmp_path, monkeypa
     after = cell_keys(HAND, SUBJECTS)
     assert {k for k in before if before[k] != after[k]} == {(t.name, "s07") for t in HAND}
     run, reuse = incremental_suite(HAND, SUBJECTS, store)
-    assert (reuse.reused, reuse.ran) == (4, 2)
+    assert (reuse.reused, reuse.ran, reuse.inferred) == (4, 1, 1)  # the noam cell: inferred
     assert run.worker_starts["impl"] == run.worker_starts["s08"] == 0 < run.worker_starts["s07"]
     assert run.cell("test_hand_example_label_smoothing", "s07").outcome is Outcome.KILLED
 

@@ -318,3 +318,9 @@ def test_a_layer_norm_that_ignores_ln_eps_fails_the_golden_test(tmp_path, old, n
     # one golden config uses ln_eps 1e-3: torch's default 1e-5 there moves the logits by ~5e-4
     result = grade_impl_variant(tmp_path, old, new, "test_golden_torch")
     assert result.outcome == "killed" and "ln_eps 1e-3" in result.message, result.message
+
+
+def test_a_batch_whose_every_submission_is_rejected_has_no_hardest_test():
+    rejected = [grade.Grade(f"s{i}.py", [], rejected="imports harness") for i in range(2)]
+    table = grade.hardest(rejected)
+    assert table.empty and list(table.columns) == ["test", "failed", "of", "share", "usual outcome"]

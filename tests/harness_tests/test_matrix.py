@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.analysis import summarize
+from harness.coverage import run_inferring
 from harness.engine import run_suite
 from harness.jobs.matrix import (
     EXPECTED,
@@ -54,6 +55,23 @@ def test_the_stryker_report_validates_against_the_official_schema(small_run, str
     for m in file["mutants"]:
         assert m["status"] == "Killed" and m["killedBy"] and "coveredBy" not in m
         assert "/work/" not in m["statusReason"] and not m["statusReason"].startswith("/")
+
+
+def test_with_impls_coverage_the_stryker_report_says_which_tests_cover_each_mutant(
+    stryker_schema,
+):
+    subjects = [s for s in matrix_subjects() if s.name in ("impl", "s07", "s08")]
+    tests = [BY_NAME["test_hand_example_label_smoothing"], BY_NAME["test_hand_example_noam"]]
+    run = run_inferring(tests, subjects)
+    report = json.loads(json.dumps(reports.stryker(run, summarize(run))))
+    assert not list(stryker_schema.iter_errors(report))
+    [file] = report["files"].values()
+    covered = {m["id"]: (m["coveredBy"], m["testsCompleted"]) for m in file["mutants"]}
+    # each hand example calls one of the two functions: the other mutant's cell was not run
+    assert covered == {
+        "s07": (["test_hand_example_label_smoothing"], 1),
+        "s08": (["test_hand_example_noam"], 1),
+    }
 
 
 @pytest.mark.parametrize("mutant", [m for m in catalog.MUTANTS if len(m.patches) > 1])

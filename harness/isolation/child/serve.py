@@ -10,6 +10,9 @@ another (harness.wire: plain data only). Requests:
 - {"op": "call", "probe": name, "inputs": {...}}: run PROBES[name](module, **inputs).
 - {"op": "exit"}.
 
+A load or call request with "trace": true also answers "called": the subject's functions that
+ran meanwhile (harness.isolation.child.calls; for trusted subjects only, see there).
+
 Each answer is {"ok": true, "value": ...} or {"ok": false, "error": {type, bases, message,
 where}}. The subject's own prints go to the worker's stdout/stderr, never to the reply pipe.
 """
@@ -20,6 +23,8 @@ import importlib
 import os
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from harness import wire
@@ -56,12 +61,13 @@ def serve(read_fd: int, write_fd: int) -> None:
     global _REPLY_FD
     import torch
 
-    from harness.isolation.child import confine, load, probes
+    from harness.isolation.child import calls, confine, load, probes
 
     # One intra-op thread: the parent runs several workers side by side on few cores.
     torch.set_num_threads(1)
     _REPLY_FD = write_fd
     module = None
+    filename = ""  # the loaded subject's file, whose functions a traced request records
     while True:
         try:
             request = wire.read_frame(read_fd)
@@ -70,6 +76,8 @@ def serve(read_fd: int, write_fd: int) -> None:
         op = request.get("op")
         if op == "exit":
             return
+        traced = request.get("trace") is True
+        called: set[str] = set()
         try:
             if op == "load":
                 for name in request.get("probes", []):
@@ -77,20 +85,50 @@ def serve(read_fd: int, write_fd: int) -> None:
                         raise ValueError(f"unknown probe module {name!r}")
                     importlib.import_module(f"harness.isolation.child.{name}")
                 confine.confine(request.get("confine", {}))
-                module = load.subject(request["subject"])
+                spec = request["subject"]
+                if traced and "source" not in spec:
+                    raise ValueError("call coverage needs a subject sent as source text")
+                filename = str(spec.get("filename", "<subject>"))
+                with calls.recorded(filename) if traced else _untraced() as called:
+                    module = load.subject(spec)
                 value: Any = {"module": module.__name__}
             elif op == "call":
                 if module is None:
                     raise RuntimeError("call before load")
-                value = probes.PROBES[request["probe"]](module, **request["inputs"])
+                probe = probes.PROBES[request["probe"]]
+                # every probe starts from the same global random state, so what a test sees
+                # never depends on the tests that ran before it in this worker
+                reseed()
+                with calls.recorded(filename) if traced else _untraced() as called:
+                    value = probe(module, **request["inputs"])
             else:
                 raise ValueError(f"unknown op {op!r}")
-            reply = wire.encode({"ok": True, "value": value})
+            answer = {"ok": True, "value": value}
+            reply = wire.encode({**answer, "called": sorted(called)} if traced else answer)
         except BaseException as exc:  # SystemExit and KeyboardInterrupt from a subject too
-            reply = wire.encode({"ok": False, "error": describe(exc)})
+            failed = {"ok": False, "error": describe(exc)}
+            # a call that raised ran functions too (a validation test's calls raise on purpose)
+            reply = wire.encode({**failed, "called": sorted(called)} if traced else failed)
         view = memoryview(reply)
         while view:
             view = view[os.write(write_fd, view) :]
+
+
+@contextmanager
+def _untraced() -> Iterator[set[str]]:
+    yield set()
+
+
+def reseed() -> None:
+    """The global generators (torch's, numpy's legacy one, Python's) at seed 0."""
+    import random
+
+    import numpy as np
+    import torch
+
+    torch.manual_seed(0)
+    np.random.seed(0)
+    random.seed(0)
 
 
 def main() -> None:
