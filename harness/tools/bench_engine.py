@@ -35,11 +35,14 @@ from harness.shared_tests.laws import SHARED_TESTS
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 LEARNING = "test_learns_reversed_addition"
 # The one-line changes, each a mutant's replacement line rewritten with the same meaning: s11's
-# is in the beam search, which one test reaches; s04's in the decoder layer, which every test
-# that runs the decoder reaches (the cache reruns the cells whose key changed, less the cells that
-# impl's coverage shows cannot reach the change: harness.coverage).
+# is in the beam search, which one test reaches; s07's in the loss, which training reaches (a
+# learning run that passes); s04's in the decoder layer, which every test that runs the decoder
+# reaches (a learning run of all 600 updates, as it never learns). The cache reruns the cells
+# whose key changed, less the cells that impl's coverage shows cannot reach the change
+# (harness.coverage).
 EDITS = {
     "s11": ("return list(best)  # mutant s11: eos kept", "return [*best]  # mutant s11: eos kept"),
+    "s07": ("return per_target.mean()", "return per_target.sum() / per_target.numel()"),
     "s04": ("self._ca_block(y, y, self_mask))", "self._ca_block(y, y, mask=self_mask))"),
 }
 PARTS = ("executors", "overhead", "incremental")
