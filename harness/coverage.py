@@ -5,7 +5,9 @@ a test that never executes the mutated code sees the original program and cannot
 mutant. The matrix does the same, per cell, and sound by construction rather than by heuristics:
 
 1. impl's row is run traced: each cell records which of impl's functions loading impl and the
-   test's probes called (harness.isolation.child.calls; every call, raising ones included).
+   test's probes called (harness.isolation.child.calls; every call, raising ones included), each
+   test in a fresh worker, so that nothing an earlier test ran (a memoized function, a table
+   filled once) hides a call the test would make from a fresh load.
 2. A mutant's change is read structurally (`changed_functions`): impl's source and the mutant's
    are parsed, and each function's body is compared with the function of the same qualified
    name. Everything that is not a function body (module and class statements, each `def` line

@@ -150,7 +150,8 @@ def run_subject(
 ) -> tuple[dict[str, Cell], list[float]]:
     """Every test on one subject in order, restarting the worker after a timeout or a crash;
     the cells, and each worker start's seconds (the last one's failed to load if load failed).
-    trace: each cell says which of the subject's functions loading and its test ran."""
+    trace: each cell says which of the subject's functions loading and its test ran, each test
+    in a fresh worker."""
     cells: dict[str, Cell] = {}
     worker: Worker | None = None
     load_failure: Cell | None = None  # a subject that cannot load fails every test the same way
@@ -173,7 +174,10 @@ def run_subject(
                 if trace:
                     worker.calls = set(loaded)
                 cell = run_test(test, worker)
-                if cell.outcome in (Outcome.TIMEOUT, Outcome.ERROR):
+                # a traced row gives each test a fresh worker: what a test covers is then what
+                # it runs from a fresh load, never less because an earlier test ran something
+                # first (a memoized function, a module-level table filled once)
+                if trace or cell.outcome in (Outcome.TIMEOUT, Outcome.ERROR):
                     worker.close()
                     worker = None
             cells[test.name] = cell

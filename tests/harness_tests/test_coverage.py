@@ -151,6 +151,7 @@ def test_the_inferred_matrix_equals_the_matrix_with_every_cell_run():
     assert ("test_hand_example_label_smoothing", "s07") not in not_run
     assert not any(s == "c04" for _, s in not_run)
     assert not any(s == "impl" for _, s in not_run)
+    assert inferred.worker_starts["impl"] == len(TESTS)  # traced: each test from a fresh load
     message = inferred.cell("test_golden_torch", "s11").message
     assert message.startswith("not run: s11 changes _beam_search")
 
