@@ -165,6 +165,7 @@ def run_inferring(
     change = changes(subjects) if infer else {}
     done = [0]
     rounds: list[SuiteRun] = []
+    by_name = {t.name: t for t in tests}
 
     def counted(subject: Subject, test: Test, cell: Cell, _: int, __: int) -> None:
         done[0] += 1
@@ -175,7 +176,7 @@ def run_inferring(
         if weight is not None and test in weight:
             return weight[test]
         base = cells.get((test, BASELINE))
-        return base.seconds if base is not None and base.ran else _by_name(tests, test).timeout
+        return base.seconds if base is not None and base.ran else by_name[test].timeout
 
     def run_round(rows: list[Subject], traced: tuple[str, ...] = ()) -> None:
         rows = sorted(rows, key=lambda s: -sum(map(cost, missing[s.name])))
@@ -204,7 +205,7 @@ def run_inferring(
                 left.append(test)
             else:
                 cells[(test, subject.name)] = cell
-                counted(subject, _by_name(tests, test), cell, 0, 0)
+                counted(subject, by_name[test], cell, 0, 0)
         missing[subject.name] = left
         if left:
             last.append(subject)
@@ -217,10 +218,6 @@ def run_inferring(
         whole.start_seconds[name] = [x for r in rounds for x in r.start_seconds.get(name, [])]
     whole.wall_seconds = time.monotonic() - started
     return whole
-
-
-def _by_name(items: Sequence, name: str):  # noqa: ANN001, ANN202 (tests or subjects)
-    return next(x for x in items if x.name == name)
 
 
 def split(names: list[str], parts: int, weight: dict[str, float]) -> list[list[str]]:

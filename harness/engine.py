@@ -156,7 +156,6 @@ def run_subject(
     worker: Worker | None = None
     load_failure: Cell | None = None  # a subject that cannot load fails every test the same way
     starts: list[float] = []
-    loaded: set[str] = set()  # what loading the current worker ran (traced)
     try:
         for test in tests:
             if load_failure is not None:
@@ -170,10 +169,7 @@ def run_subject(
                         cells[test.name] = load_failure
                         on_cell(test, load_failure)
                         continue
-                    loaded = set(worker.calls or ())
-                if trace:
-                    worker.calls = set(loaded)
-                cell = run_test(test, worker)
+                cell = run_test(test, worker)  # traced: worker.calls holds what loading ran
                 # a traced row gives each test a fresh worker: what a test covers is then what
                 # it runs from a fresh load, never less because an earlier test ran something
                 # first (a memoized function, a module-level table filled once)
