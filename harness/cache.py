@@ -156,7 +156,8 @@ def _test_code(test: Test) -> str:
 def cell_keys(tests: Sequence[Test], subjects: Sequence[Subject]) -> dict[tuple[str, str], str]:
     """(test, subject) -> the cell's key."""
     shared = shared_code()
-    loads = {s.name: s.payload() for s in subjects}
+    # each subject's source hashed once, not once per test
+    loads = {s.name: fingerprint.digest(s.payload()) for s in subjects}
     return {
         (t.name, s.name): fingerprint.digest("matrix-cell", shared, _test_code(t), loads[s.name])
         for t in tests

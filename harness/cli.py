@@ -35,6 +35,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "harness.jobs.mutation_score",
         "score a student's test suite by mutants killed",
     ),
+    "warm-server": (
+        "harness.tools.warm_server",
+        "start, inspect or stop the warm fork server that --incremental keeps between runs",
+    ),
     "train": ("demos.train", "train impl on reversed addition (the milestone MS-L5)"),
     "evaluate": ("demos.train", "exact match of a trained model on held-out sums"),
     "translate": ("demos.train", "a trained model's answer to one sum"),

@@ -162,7 +162,7 @@ def run_inferring(
     total = sum(map(len, missing.values()))
     if total and isinstance(ex, LocalExecutor):
         forkserver.warm()  # its preloading overlaps reading the mutants' changes
-    change = changes(subjects) if infer else {}
+    change = changes([s for s in subjects if missing[s.name] or _is_baseline(s)]) if infer else {}
     done = [0]
     rounds: list[SuiteRun] = []
     by_name = {t.name: t for t in tests}

@@ -44,3 +44,23 @@ def junit_schema():
             pytest.fail(f"{path} is missing: CI must fetch it ({fetch})")
         pytest.skip(f"Jenkins' JUnit schema is not fetched here: {fetch}")
     return xmlschema.XMLSchema(str(path))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_runtime_dir(tmp_path_factory):
+    """The warm fork server (harness.isolation.warm) that `matrix --incremental` keeps lives in a
+    folder of this session's, and is stopped when the session ends: no test leaves one behind or
+    reuses one from outside."""
+    from harness.isolation import warm
+    from harness.isolation.forkserver import worker_environment
+
+    folder = tmp_path_factory.mktemp("runtime")
+    folder.chmod(0o700)
+    before = os.environ.get("XFMR_RUNTIME_DIR")
+    os.environ["XFMR_RUNTIME_DIR"] = str(folder)
+    yield folder
+    warm.stop(worker_environment(), folder)
+    if before is None:
+        del os.environ["XFMR_RUNTIME_DIR"]
+    else:
+        os.environ["XFMR_RUNTIME_DIR"] = before

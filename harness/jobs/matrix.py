@@ -9,6 +9,9 @@ nothing was judged (bad options, an unreachable or unfit cluster).
 With --scheduler each subject's row runs on a Dask cluster (harness.cluster); with --incremental
 only the cells whose inputs changed run (harness.cache). A mutant's cell that impl's traced run
 shows the test cannot reach is impl's, not run (harness.coverage); --run-every-cell runs it.
+An --incremental run on this machine forks its workers from the warm fork server
+(harness.isolation.warm), started if none runs and left for the next run; --warm-idle 0 keeps
+each run to its own.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from harness.analysis import summarize
 from harness.cache import Store, default_root, incremental_suite
 from harness.coverage import inferred_line, run_inferring
 from harness.engine import SuiteRun, print_progress, run_suite
+from harness.isolation import forkserver
 from harness.reports import matrix as reports
 from harness.reports.writer import write_all
 from harness.shared_tests.inputs import DATA
@@ -92,6 +96,14 @@ def configure_matrix(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--cache-dir", metavar="DIR", help=f"the incremental cache (default {default_root()})"
+    )
+    parser.add_argument(
+        "--warm-idle",
+        type=float,
+        default=10.0,
+        metavar="MINUTES",
+        help="with --incremental and no --scheduler: fork workers from a warm fork server that "
+        "outlives the run and exits after MINUTES unused (default 10; 0: this run's own)",
     )
     parser.add_argument(
         "--run-every-cell",
@@ -180,10 +192,12 @@ def _run(
                 return run_suite(tests, subjects, progress=progress, executor=executor), ""
             run = run_inferring(tests, subjects, progress=progress, executor=executor)
             return run, inferred_line(run)
+        local = getattr(args, "scheduler", None) is None
         store = Store(args.cache_dir or default_root())
-        run, reuse = incremental_suite(
-            tests, subjects, store, progress=progress, executor=executor, infer=infer
-        )
+        with forkserver.warm_server(60.0 * args.warm_idle if local else 0.0):
+            run, reuse = incremental_suite(
+                tests, subjects, store, progress=progress, executor=executor, infer=infer
+            )
         return run, reuse.line()
     finally:
         executor.close()

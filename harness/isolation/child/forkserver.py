@@ -10,18 +10,36 @@ the unix socket FD (SOCK_SEQPACKET: one message per recv), one request at a time
 - wait {"pid", "timeout"}: reap that worker; answers {"status": exit code, negative for a
   signal} or {"status": null} if it is still running after `timeout` seconds.
 The fork server is the workers' parent, so only it can reap them and read their exit status.
+
+`python -m harness.isolation.child.forkserver --listen PATH --idle SECONDS` is the warm fork
+server (harness.isolation.warm): it preloads once, then listens on the unix socket PATH and forks
+one connection server per parent that connects (a process of the same user only: SO_PEERCRED),
+which serves that parent exactly as above. It exits once no parent has been connected for
+SECONDS, or on SIGTERM. A connection server answers two more requests:
+- about: {"pid": the warm server's pid, "files": {path: sha256} of every project file it
+  imported, as they were before it imported them, "libraries": {path: [size, mtime_ns]} of each
+  imported third-party package's entry file}, so the parent can tell whether it runs current code;
+- stop: SIGTERM to the warm server (the connection servers already forked serve on).
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
 import json
 import os
+import select
+import signal
 import socket
+import struct
 import sys
+import sysconfig
 import time
+from pathlib import Path
 from typing import Any
 
 MAX_MESSAGE = 4096
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 def preload() -> None:
@@ -45,7 +63,7 @@ def preload() -> None:
     optimizer.step()
 
 
-def _serve(control: socket.socket) -> None:
+def _serve(control: socket.socket, about: dict[str, Any] | None = None) -> None:
     from harness.isolation.child import serve
 
     while True:
@@ -76,6 +94,11 @@ def _serve(control: socket.socket) -> None:
             reply: dict[str, Any] = {"pid": pid}
         elif request["op"] == "wait":
             reply = {"status": _reap(request["pid"], request["timeout"])}
+        elif request["op"] == "about" and about is not None:
+            reply = about
+        elif request["op"] == "stop" and about is not None:
+            os.kill(about["pid"], signal.SIGTERM)
+            reply = {"stopped": about["pid"]}
         else:
             reply = {"error": f"unknown op {request['op']!r}"}
         control.sendall(json.dumps(reply).encode())
@@ -95,6 +118,117 @@ def _reap(pid: int, timeout: float) -> int | None:
         time.sleep(0.01)
 
 
-if __name__ == "__main__":
+def _project_sources() -> dict[str, str]:
+    """sha256 of every .py file of the project (hidden folders and caches left out): read before
+    the preload, so an edit made while it imports shows as a difference, never as current."""
+    found = {}
+    for folder, dirs, files in os.walk(PROJECT_ROOT):
+        dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
+        for name in files:
+            if name.endswith(".py"):
+                path = os.path.join(folder, name)
+                found[path] = hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    return found
+
+
+def fingerprint(sources: dict[str, str]) -> dict[str, Any]:
+    """What this process imported that a later edit or install could make stale: the project's
+    files (their hashes from `sources`) and each third-party package's entry file (its size and
+    modification time: an install rewrites it)."""
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    files, libraries = {}, {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if not path or not path.endswith(".py"):
+            continue
+        path = os.path.realpath(path)
+        if path in sources:
+            files[path] = sources[path]
+        elif "." not in name and not path.startswith(stdlib + os.sep):
+            st = os.stat(path)
+            libraries[path] = [st.st_size, st.st_mtime_ns]
+    return {"pid": os.getpid(), "files": files, "libraries": libraries}
+
+
+def _same_user(conn: socket.socket) -> bool:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    _, uid, _ = struct.unpack("3i", creds)
+    return uid == os.getuid()
+
+
+def listen(path: str, idle: float) -> None:
+    """The warm fork server's loop (see the module's doc)."""
+    sources = _project_sources()
     preload()
-    _serve(socket.socket(fileno=int(sys.argv[1])))
+    about = fingerprint(sources)
+    old_umask = os.umask(0o177)  # the socket: read and write for this user only
+    try:
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listener.bind(path)
+    finally:
+        os.umask(old_umask)
+    inode = os.stat(path).st_ino
+    listener.listen(16)
+
+    stopping = []
+
+    def stop(signum: int, frame: Any) -> None:
+        # noted, not raised: a handler's exception is lost where the signal lands inside
+        # os.fork's own callbacks; the loop sees the note within its select's half second
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    serving: set[int] = set()
+    last_active = time.monotonic()
+    try:
+        while not stopping and (serving or time.monotonic() - last_active < idle):
+            ready, _, _ = select.select([listener], [], [], 0.5)
+            for pid in list(serving):
+                if os.waitpid(pid, os.WNOHANG)[0]:
+                    serving.discard(pid)
+            if serving:
+                last_active = time.monotonic()
+            if not ready:
+                continue
+            conn, _ = listener.accept()
+            if not _same_user(conn):
+                conn.close()
+                continue
+            pid = os.fork()
+            if pid == 0:  # this parent's connection server
+                code = 1
+                try:
+                    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                    listener.close()
+                    _serve(conn, about)
+                    code = 0
+                finally:
+                    os._exit(code)
+            conn.close()
+            serving.add(pid)
+            last_active = time.monotonic()
+    finally:
+        try:
+            if os.stat(path).st_ino == inode:  # still this server's socket
+                os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser(prog="python -m harness.isolation.child.forkserver")
+    parser.add_argument("fd", nargs="?", type=int, help="serve this one parent on socket FD")
+    parser.add_argument("--listen", metavar="PATH", help="be the warm server on this socket")
+    parser.add_argument("--idle", type=float, default=600.0, help="seconds idle before exiting")
+    args = parser.parse_args(argv)
+    if (args.fd is None) == (args.listen is None):
+        parser.error("give exactly one of FD and --listen PATH")
+    if args.listen is not None:
+        listen(args.listen, args.idle)
+    else:
+        preload()
+        _serve(socket.socket(fileno=args.fd))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
