@@ -438,9 +438,7 @@ def _spread(seconds: dict[str, list[float]]) -> str:
     every = sorted(x for xs in seconds.values() for x in xs)
     if not every:
         return "not measured"
-    return (
-        f"median {every[len(every) // 2]:.1f} s, max {every[-1]:.1f} s over {len(every)} workers"
-    )
+    return f"median {every[len(every) // 2]:.1f} s, max {every[-1]:.1f} s over {len(every)} workers"
 
 
 def _short(nodeid: str) -> str:

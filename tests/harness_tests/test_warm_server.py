@@ -62,10 +62,14 @@ def test_runs_fork_from_one_warm_server_while_it_is_current(folder, monkeypatch,
         second = quick_cells()
     assert "started" not in capfd.readouterr().err
     assert warm.status(ENV, folder)["pid"] == started["pid"]
-    assert first == second == {
-        ("test_hand_example_noam", "impl"): Outcome.PASSED,
-        ("test_hand_example_noam", "s08"): Outcome.KILLED,
-    }
+    assert (
+        first
+        == second
+        == {
+            ("test_hand_example_noam", "impl"): Outcome.PASSED,
+            ("test_hand_example_noam", "s08"): Outcome.KILLED,
+        }
+    )
     # it imported the worker's code, and reports each file by its hash before importing it
     assert str(Path(child_forkserver.__file__).resolve()) in started["files"]
 
