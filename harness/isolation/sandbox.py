@@ -34,6 +34,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.isolation import warm
 from harness.isolation.forkserver import forked
 from harness.isolation.worker import Process, Start, kill_group
 
@@ -127,7 +128,8 @@ def _inside(path: str | Path, folder: str | Path) -> bool:
 
 def mounts() -> list[str]:
     """bwrap's arguments for the read-only view (not the input), refusing any view that would
-    show the project: a folder holding the project root is never mounted."""
+    show the project (a folder holding the project root is never mounted) or the warm fork
+    server's socket (harness.isolation.warm), which runs trusted code outside any sandbox."""
     args: list[str] = []
     for top in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64"):
         if os.path.islink(top):
@@ -138,6 +140,14 @@ def mounts() -> list[str]:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     python = _interpreter()
     folders = [str(Path(python).parent.parent), *_python_paths()]
+    runtime = warm.runtime_folder()
+    for folder in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", *folders):
+        if _inside(runtime, folder):
+            raise SandboxUnavailable(
+                f"the warm fork server's folder {runtime} lies in {folder}, which the sandbox "
+                "shows: its socket runs trusted code outside the sandbox; set XFMR_RUNTIME_DIR "
+                "elsewhere"
+            )
     for folder in folders:
         if _inside(PROJECT_ROOT, folder):
             raise SandboxUnavailable(

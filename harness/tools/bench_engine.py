@@ -11,8 +11,9 @@ outside, so the figures are what a user waits for, interpreter and cluster start
    the local executor, `local:2` and the standing cluster;
 3. the overhead per cell of each executor against the local one: (its wall - local wall) / cells;
 4. `xfmr matrix --incremental` in a fresh cache (every cell runs and is stored), then again after
-   a one-line change to one mutant's patch (its row runs, the rest is reused), against the full
-   local run's wall time.
+   a one-line change to one mutant's patch (its row runs, the rest is reused), with the warm fork
+   server that --incremental keeps (harness.isolation.warm) and with --warm-idle 0 (a fork server
+   of the run's own), against the full local run's wall time; the medians of --repeat runs.
 
 Needs the [dist] extra. Prints a Markdown report; --out also writes it.
 """
@@ -66,6 +67,13 @@ def configure_bench_engine(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--only", metavar="NAMES", help="matrix subjects (default: all)")
     parser.add_argument("--out", metavar="FILE", help="also write the report here")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        metavar="N",
+        help="incremental part: runs of each figure, taken in turn (default 3)",
+    )
     parser.add_argument(
         "--parts",
         type=_parts,
@@ -134,22 +142,12 @@ def run_bench_engine(args: argparse.Namespace) -> int:
     ]
     matrix = ["matrix", "--quiet", *(["--only", args.only] if args.only else [])]
     with tempfile.TemporaryDirectory(prefix="xfmr-bench-") as tmp:
-        full = None
         if "executors" in args.parts:
-            full = _executors(args, matrix, Path(tmp), report)
+            _executors(args, matrix, Path(tmp), report)
         if "overhead" in args.parts:
             report += _overhead(matrix)
         if "incremental" in args.parts:
-            if full is None:
-                full = timed("matrix, local (threads, --jobs CPUs)", xfmr(*matrix))
-                report += [f"Full local matrix: {full.wall:.1f} s.", ""]
-            every = timed("matrix --run-every-cell", xfmr(*matrix, "--run-every-cell"))
-            report += [
-                f"The same with --run-every-cell (no cell inferred from impl's coverage): "
-                f"{every.wall:.1f} s.",
-                "",
-            ]
-            report += _incremental(matrix, Path(tmp), full)
+            report += _incremental(matrix, Path(tmp), args.repeat)
     report += ["", f"Load average after: {load()}"]
     text = "\n".join(report) + "\n"
     print(text)
@@ -234,42 +232,85 @@ def _overhead(matrix: list[str]) -> list[str]:
     ]
 
 
-def _incremental(matrix: list[str], tmp: Path, full: Timed) -> list[str]:
-    """matrix --incremental in an empty cache, then after EDIT; against the full local run."""
-    cache = ["--incremental", "--cache-dir", f"{tmp}/cache"]
-    first = timed("matrix --incremental, empty cache", xfmr(*matrix, *cache))
+def _incremental(matrix: list[str], tmp: Path, repeat: int) -> list[str]:
+    """The full local matrix (and with --run-every-cell), then matrix --incremental: in an empty
+    cache, and after each of EDITS from that cache, with the warm fork server (the default,
+    harness.isolation.warm) and with --warm-idle 0 (a fork server of the run's own). Each figure
+    is the median of `repeat` runs, taken in turn so that the machine's drift spreads over all."""
+    runtime = tmp / "runtime"  # the bench's own warm server, stopped at the end
+    runtime.mkdir(mode=0o700)
+    env = {"XFMR_RUNTIME_DIR": str(runtime)}
+    base = tmp / "cache-base"
+    first = timed(
+        "matrix --incremental, empty cache (starts the warm fork server)",
+        xfmr(*matrix, "--incremental", "--cache-dir", str(base)),
+        env,
+    )
     code = (
         "import sys; from harness.tools.bench_engine import edited_matrix; "
         "sys.exit(edited_matrix(sys.argv[1], sys.argv[2:]))"
     )
-    edits = [
-        timed(
-            f"matrix --incremental after a one-line change to {mutant}'s patch",
-            [sys.executable, "-c", code, mutant, *matrix[1:], *cache],
-        )
-        for mutant in EDITS
-    ]
+    variants = {"warm fork server": [], "--warm-idle 0": ["--warm-idle", "0"]}
+    full: list[Timed] = []
+    every: list[Timed] = []
+    edits: dict[tuple[str, str], list[Timed]] = {}
+    for i in range(repeat):
+        full.append(timed("matrix, local (threads, --jobs CPUs)", xfmr(*matrix)))
+        every.append(timed("matrix --run-every-cell", xfmr(*matrix, "--run-every-cell")))
+        for mutant in EDITS:
+            for variant, extra in variants.items():
+                cache = tmp / f"cache-{mutant}-{i}-{len(extra)}"
+                shutil.copytree(base, cache)  # the cache as it was before the edit
+                argv = [*matrix[1:], "--incremental", "--cache-dir", str(cache), *extra]
+                label = f"after a one-line change to {mutant}'s patch, {variant}"
+                run = timed(label, [sys.executable, "-c", code, mutant, *argv], env)
+                edits.setdefault((mutant, variant), []).append(run)
+                shutil.rmtree(cache)
+    subprocess.run(xfmr("warm-server", "stop"), env={**os.environ, **env}, capture_output=True)
+    full_wall = median([t.wall for t in full])
     lines = [
+        f"Full local matrix (`xfmr matrix`, a fork server of its own): {_spread(full)}.",
+        "",
+        f"The same with --run-every-cell (no cell inferred from impl's coverage): "
+        f"{_spread(every)}.",
+        "",
         "## Incremental matrix",
+        "",
+        f"Each figure: the median of {repeat} runs (their range in brackets); the share is of the "
+        "full local run's median.",
         "",
         "| run | wall (s) | cells reused | cells inferred | cells run | of the full local run |",
         "|---|---|---|---|---|---|",
     ]
-    for t in (first, *edits):
-        reused, total, inferred, ran = _reuse(t.output)
-        share = t.wall / full.wall
+    for label, runs in [(first.label, [first]), *((t[0].label, t) for t in edits.values())]:
+        reused, total, inferred, ran = _reuse(runs[0].output)
+        share = median([t.wall for t in runs]) / full_wall
         lines.append(
-            f"| {t.label} | {t.wall:.1f} | {reused} of {total} | {inferred} | {ran} | {share:.0%} |"
+            f"| {label} | {_spread(runs)} | {reused} of {total} | {inferred} | {ran} | "
+            f"{share:.0%} |"
         )
     lines.append("")
-    for mutant, t in zip(EDITS, edits, strict=True):
-        ratio = t.wall / full.wall
+    for (mutant, variant), runs in edits.items():
+        ratio = median([t.wall for t in runs]) / full_wall
         verdict = "meets" if ratio <= TARGET else "misses"
         lines.append(
-            f"After the one-line change to {mutant}: {ratio:.0%} of the full local run's wall "
-            f"time ({verdict} the target of {TARGET:.0%})."
+            f"- {mutant}, {variant}: {ratio:.0%} of the full local run's wall time ({verdict} the "
+            f"target of {TARGET:.0%})."
         )
     return lines
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _spread(runs: list[Timed]) -> str:
+    walls = [t.wall for t in runs]
+    if len(walls) == 1:
+        return f"{walls[0]:.1f} s"
+    return f"{median(walls):.1f} s [{min(walls):.1f}-{max(walls):.1f}]"
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -277,6 +318,7 @@ def _command(args: argparse.Namespace) -> str:
     words += ["--only", args.only] if args.only else []
     words += ["--with-learning"] if args.with_learning else []
     words += ["--parts", ",".join(args.parts)] if args.parts != PARTS else []
+    words += ["--repeat", str(args.repeat)] if args.repeat != 3 else []
     return " ".join(words + (["--out", args.out] if args.out else []))
 
 

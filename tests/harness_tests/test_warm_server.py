@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sysconfig
 import tempfile
 import time
 from pathlib import Path
@@ -190,3 +191,15 @@ def test_the_warm_server_command(folder, monkeypatch, capsys):
     assert "stopped the warm fork server" in out
     folder.chmod(0o770)
     assert main(["warm-server", "status"]) == 2
+
+
+def test_no_sandbox_is_set_up_where_it_would_show_the_warm_servers_socket(monkeypatch):
+    """A socket that forks trusted workers must never be inside what a sandboxed submission can
+    see: a runtime folder in a folder the sandbox mounts makes grading refuse."""
+    from harness.isolation import sandbox
+
+    sandbox.mounts()  # the session's folder: fine
+    for shown in ("/usr/xfmr-runtime", sysconfig.get_paths()["purelib"] + "/xfmr-runtime"):
+        monkeypatch.setenv("XFMR_RUNTIME_DIR", shown)
+        with pytest.raises(sandbox.SandboxUnavailable, match="warm fork server's folder"):
+            sandbox.mounts()
