@@ -287,14 +287,14 @@ def _incremental(matrix: list[str], tmp: Path, repeat: int) -> list[str]:
         share = median([t.wall for t in runs]) / full_wall
         lines.append(
             f"| {label} | {_spread(runs)} | {reused} of {total} | {inferred} | {ran} | "
-            f"{share:.0%} |"
+            f"{share:.1%} |"
         )
     lines.append("")
     for (mutant, variant), runs in edits.items():
         ratio = median([t.wall for t in runs]) / full_wall
         verdict = "meets" if ratio <= TARGET else "misses"
         lines.append(
-            f"- {mutant}, {variant}: {ratio:.0%} of the full local run's wall time ({verdict} the "
+            f"- {mutant}, {variant}: {ratio:.1%} of the full local run's wall time ({verdict} the "
             f"target of {TARGET:.0%})."
         )
     return lines
