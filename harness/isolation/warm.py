@@ -37,6 +37,7 @@ from typing import Any
 
 START_TIMEOUT = 60.0  # seconds for a new server to import torch and listen, on a loaded machine
 ABOUT_MESSAGE = 1 << 20  # the `about` reply lists a few dozen files
+SOCKET_PATH_MAX = 108  # sun_path's size on Linux, the terminating NUL included
 
 
 class Refused(Exception):
@@ -202,6 +203,8 @@ def connect(env: dict[str, str], idle: float, folder: Path | None = None) -> Con
     """A connection to the current warm server, started (or restarted, if stale) as needed."""
     where = place(env, folder)
     private_folder(where.folder)
+    if len(os.fsencode(where.socket)) >= SOCKET_PATH_MAX:
+        raise Refused(f"{where.socket} is too long for a unix socket ({SOCKET_PATH_MAX} bytes)")
     with _locked(where):
         sock, replaced = _connect(where), None
         if sock is not None:

@@ -110,6 +110,12 @@ def test_a_folder_others_can_enter_is_refused_and_the_run_starts_its_own(
     assert not list(folder.iterdir())  # nothing was started there
 
 
+def test_a_socket_path_too_long_is_refused(tmp_path):
+    deep = tmp_path / ("x" * 100)
+    with pytest.raises(warm.Refused, match="too long for a unix socket"):
+        warm.connect(ENV, 60, deep)
+
+
 def test_a_link_or_another_users_folder_is_refused(tmp_path):
     real = tmp_path / "real"
     real.mkdir(mode=0o700)
