@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -236,6 +237,25 @@ def _diagnose(launch: Launch) -> dict[str, str]:
         worker.close()
 
 
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+
+
+def said_once(found: dict[str, str]) -> str:
+    """The diagnosis, one line per config, each cause said once: configs whose lines differ only
+    in their numbers (the same module, the same cause, other error sizes) share the first one's
+    line, and are named after it."""
+    groups: dict[str, list[str]] = {}
+    for name, line in found.items():
+        groups.setdefault(_NUMBER.sub("#", line), []).append(name)
+    lines = []
+    for names in groups.values():
+        line = f"{names[0]}: {found[names[0]]}"
+        if len(names) > 1:
+            line += f" (the same in: {'; '.join(names[1:])})"
+        lines.append(line)
+    return "\n".join(lines)
+
+
 def _result(test: Test, cell: Cell, found: dict[str, str], told: str = "") -> TestResult:
     """A test's line of the grade; a failed value test carries the forward pass's diagnosis,
     or, when `told` already carries it, says where it is."""
@@ -245,7 +265,7 @@ def _result(test: Test, cell: Cell, found: dict[str, str], told: str = "") -> Te
         if test.values and found and told:
             message += f"\n(the forward pass's diagnosis is under {told})"
         elif test.values and found:
-            message += "\n" + "\n".join(f"{name}: {line}" for name, line in found.items())
+            message += "\n" + said_once(found)
     max_score = 0.0 if cell.outcome is Outcome.NOT_APPLICABLE else float(test.points)
     score = max_score if cell.outcome is Outcome.PASSED else 0.0
     return TestResult(

@@ -9,6 +9,7 @@ import pytest
 from harness.cli import main
 from harness.isolation.static_check import problems as forbidden_imports
 from harness.jobs import grade
+from harness.shared_tests.inputs import golden_inputs
 from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,6 +84,9 @@ def test_faulty_submission_fails_with_its_first_divergence():
     golden = failed["test_golden_torch"].message
     assert "max abs error" in golden
     assert "first divergence: decoder.0.cross_attn" in golden
+    # one cause, said once: the other configs, where only the error sizes differ, are named
+    assert golden.count("padded keys are read") == 1 and "(the same in: " in golden
+    assert set(g.diagnosis) == {name for name, _, _ in golden_inputs()}  # the JSON keeps each
     junit = ET.fromstring(grade.junit(g).split("\n", 1)[1])
     assert junit.find("testsuite").get("failures") == str(len(FAULTY_FAILS))
 
