@@ -96,6 +96,16 @@ def private_folder(folder: Path) -> None:
         raise Refused(f"{folder} is open to other users (mode {stat.S_IMODE(st.st_mode):o})")
 
 
+def checked_place(env: dict[str, str], folder: Path | None = None) -> Place:
+    """`place(env, folder)`, its folder checked private (created if missing) and its socket's
+    path short enough for AF_UNIX; raises Refused otherwise."""
+    where = place(env, folder)
+    private_folder(where.folder)
+    if len(os.fsencode(where.socket)) >= SOCKET_PATH_MAX:
+        raise Refused(f"{where.socket} is too long for a unix socket ({SOCKET_PATH_MAX} bytes)")
+    return where
+
+
 def peer_uid(sock: socket.socket) -> int:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
@@ -201,10 +211,7 @@ class Connection:
 
 def connect(env: dict[str, str], idle: float, folder: Path | None = None) -> Connection:
     """A connection to the current warm server, started (or restarted, if stale) as needed."""
-    where = place(env, folder)
-    private_folder(where.folder)
-    if len(os.fsencode(where.socket)) >= SOCKET_PATH_MAX:
-        raise Refused(f"{where.socket} is too long for a unix socket ({SOCKET_PATH_MAX} bytes)")
+    where = checked_place(env, folder)
     with _locked(where):
         sock, replaced = _connect(where), None
         if sock is not None:
@@ -236,8 +243,7 @@ def _gone(pid: int, timeout: float = 10.0) -> None:
 
 def status(env: dict[str, str], folder: Path | None = None) -> dict[str, Any] | None:
     """The running server's `about` and its staleness; None if none runs."""
-    where = place(env, folder)
-    private_folder(where.folder)
+    where = checked_place(env, folder)
     sock = _connect(where)
     if sock is None:
         return None
@@ -248,8 +254,7 @@ def status(env: dict[str, str], folder: Path | None = None) -> dict[str, Any] | 
 
 def stop(env: dict[str, str], folder: Path | None = None) -> int | None:
     """Stop the running server; its pid, or None if none ran."""
-    where = place(env, folder)
-    private_folder(where.folder)
+    where = checked_place(env, folder)
     with _locked(where):
         sock = _connect(where)
         if sock is None:
