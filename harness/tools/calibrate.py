@@ -16,7 +16,7 @@ import numpy as np
 
 from harness.engine import trusted_call
 from harness.shared_tests.inputs import DATA
-from harness.shared_tests.laws import golden_comparisons
+from harness.shared_tests.laws.values import golden_comparisons
 from harness.shared_tests.verdicts import errors
 from harness.subjects import Kind, Subject
 

@@ -15,7 +15,7 @@ import time
 
 from harness.engine import trusted_call
 from harness.shared_tests.inputs import DATA
-from harness.shared_tests.laws import heldout_loss
+from harness.shared_tests.laws.training import heldout_loss
 from harness.subjects import Kind, Subject
 
 SEEDS = (0, 1, 2, 3, 4)

@@ -63,7 +63,9 @@ def diagnoses(module) -> dict[str, str]:
     """The diagnosis of every golden config, as the grader computes it."""
     found = {}
     for name, cfg, b in golden_inputs():
-        answer = probes.module_outputs(module, cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b))
+        answer = probes.PROBES["module_outputs"](
+            module, cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b)
+        )
         found[name] = diagnosis.first_divergence(answer, cfg, b)
     return found
 
@@ -332,7 +334,9 @@ def test_without_hooks_the_whole_model_hypotheses_name_the_fault():
         ("self.enc_norm = nn.LayerNorm(d, eps=cfg.ln_eps)", "self.enc_norm = nn.LayerNorm(d)")
     )
     for name, cfg, b in golden_inputs():
-        answer = probes.module_outputs(module, cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b))
+        answer = probes.PROBES["module_outputs"](
+            module, cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b)
+        )
         answer.update(outputs={}, inputs={}, modules=[])
         line = diagnosis.first_divergence(answer, cfg, b)
         if cfg["norm"] == "pre" and cfg["ln_eps"] != 1e-5:

@@ -15,7 +15,8 @@ from harness import wire as protocol
 from harness.engine import Launch, run_suite, trusted_call
 from harness.isolation.sandbox import DEFAULT_LIMITS, INPUT, sandboxed, staged
 from harness.outcomes import Outcome, mutant_outcome
-from harness.shared_tests.laws import BY_NAME, golden_comparisons
+from harness.shared_tests.laws import BY_NAME
+from harness.shared_tests.laws.values import golden_comparisons
 from harness.shared_tests.record import Failure, Test
 from harness.subjects import Kind, Subject
 

@@ -1,0 +1,139 @@
+"""Probes of the decoding laws: decode_step position by position, translate under the parent's
+weights with a save/load round trip, and decode_step's work."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.isolation.child.probes.base import (
+    build,
+    load_weights,
+    numpy_of,
+    probe,
+    tensor_of,
+)
+from harness.isolation.child.probes.hooks import (
+    contract_modules,
+)
+
+
+@probe
+def decode_steps(module, cfg, seed, src, src_mask, tgt_in) -> dict[str, Any]:
+    """decode on the whole target, and decode_step position by position from init_state.
+
+    Also steps twice from the same states (the first and a middle one): decode_step must not
+    mutate the state it is given.
+    """
+    model, dtype = build(module, cfg, seed)
+    src, src_mask, tgt_in = tensor_of(src), tensor_of(src_mask), tensor_of(tgt_in)
+    T = tgt_in.shape[1]
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.decode(tgt_in, memory, src_mask, torch.ones_like(tgt_in, dtype=torch.bool))
+        state = model.init_state(src_mask)
+        states, steps = [], []
+        for t in range(T):
+            states.append(state)
+            logits, state = model.decode_step(tgt_in[:, t], memory, state)
+            steps.append(numpy_of(logits))
+        again = {}
+        for t in sorted({0, T // 2}):
+            for _ in range(2):  # step from states[t] twice more: it must still be position t
+                logits, _ = model.decode_step(tgt_in[:, t], memory, states[t])
+            again[str(t)] = numpy_of(logits)
+    return {
+        "dtype": dtype,
+        "full": numpy_of(full),
+        "steps": np.stack(steps, axis=1),
+        "again": again,
+    }
+
+
+@probe
+def translations(
+    module, cfg, weights, src, bos, eos, pad_id, max_len, settings, train_mode, paths=None
+):
+    """translate under each (beam_size, length_penalty) with the parent's weights loaded, the
+    training mode it leaves, a save_transformer / load_transformer round trip, and the forward
+    logits along the parent's decoding `paths` ({"tgt_in", "tgt_mask"}), so the parent can tell
+    a search fault from a forward-pass fault."""
+    model, dtype = build(module, cfg, 0)
+    load_weights(model, weights)
+    model.train(train_mode)
+    src = tensor_of(src)
+    outputs, modes = [], []
+    # whether any contract module ran with gradients enabled during translate
+    grad_seen: list[bool] = []
+    handles = [
+        sub.register_forward_pre_hook(lambda *_: grad_seen.append(torch.is_grad_enabled()))
+        for sub in contract_modules(model).values()
+    ]
+    types: set[str] = set()
+    for beam, penalty in settings:
+        out = module.translate(model, src, bos, eos, pad_id, max_len, beam, penalty)
+        outputs.append([[int(tok) for tok in row] for row in out])
+        modes.append(model.training)
+        types |= {type(out).__name__} | {type(row).__name__ for row in out}
+        types |= {type(tok).__name__ for row in out for tok in row}
+    for handle in handles:
+        handle.remove()
+    model.eval()
+    mask = src != pad_id
+    tgt = torch.full((src.shape[0], 1), bos)
+    ones = torch.ones_like(tgt, dtype=torch.bool)
+    with tempfile.TemporaryDirectory() as tmp, torch.no_grad():
+        before = model(src, tgt, mask, ones)
+        module.save_transformer(model, tmp)
+        files = sorted(p.name for p in Path(tmp).iterdir())
+        header: list[str] = []
+        if "model.safetensors" in files:
+            raw = (Path(tmp) / "model.safetensors").read_bytes()
+            n = int.from_bytes(raw[:8], "little")
+            header = sorted(k for k in json.loads(raw[8 : 8 + n]) if k != "__metadata__")
+        loaded = module.load_transformer(tmp).eval()
+        after = loaded(src, tgt, mask, ones)
+        along = None
+        if paths is not None:
+            along = numpy_of(
+                model(src, tensor_of(paths["tgt_in"]), mask, tensor_of(paths["tgt_mask"]))
+            )
+    return {
+        "forward_along_paths": along,
+        "dtype": dtype,
+        "outputs": outputs,
+        "training_after": modes,
+        "types": sorted(types),
+        "grad_during": any(grad_seen),
+        "modules_seen": len(grad_seen),
+        "files": files,
+        "safetensors_keys": header,
+        "state_dict_keys": sorted(model.state_dict()),
+        "logits_before": numpy_of(before),
+        "logits_after_load": numpy_of(after),
+    }
+
+
+@probe
+def decode_step_work(module, cfg, seed, src, src_mask, tgt_in) -> dict[str, Any]:
+    """The floating-point operations of matrix products (torch's FlopCounterMode: mm, addmm, bmm,
+    attention kernels) in each decode_step call, position by position from init_state."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model, dtype = build(module, cfg, seed)
+    src, src_mask, tgt_in = tensor_of(src), tensor_of(src_mask), tensor_of(tgt_in)
+    flops = []
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        state = model.init_state(src_mask)
+        for t in range(tgt_in.shape[1]):
+            counter = FlopCounterMode(display=False)
+            with counter:
+                _, state = model.decode_step(tgt_in[:, t], memory, state)
+            flops.append(int(counter.get_total_flops()))
+    return {"dtype": dtype, "flops": flops}

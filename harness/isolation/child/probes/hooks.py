@@ -1,0 +1,91 @@
+"""The contract's module names in a subject's model (torch's stack names translated, a wrapper
+module looked through), and forward hooks that record what those modules receive and return."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import torch
+
+from harness.isolation.child.probes.base import (
+    numpy_of,
+)
+
+
+def float_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """A call's floating-point tensor arguments, positional first, then by keyword."""
+    found = [*args, *kwargs.values()]
+    return [t for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def first_calls(model: torch.nn.Module, names: Any) -> dict[str, dict[str, Any]]:
+    """Hooks on the submodules whose contract names `names(name)` accepts: each one's first
+    call, in order of completion, records its floating-point tensor inputs (at most two: the
+    query, then the keys' source) and its output (a tuple's first element)."""
+    seen: dict[str, dict[str, Any]] = {}
+
+    def hook(name: str):
+        def record(mod: torch.nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            first = out[0] if isinstance(out, tuple) and out else out
+            if name in seen or not isinstance(first, torch.Tensor):
+                return
+            inputs = [numpy_of(t) for t in float_tensors(args, kwargs)[:2]]
+            seen[name] = {"inputs": inputs, "output": numpy_of(first)}
+
+        return record
+
+    for name, sub in contract_modules(model).items():
+        if names(name):
+            sub.register_forward_hook(hook(name), with_kwargs=True)
+    return seen
+
+
+def contract_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """The submodules that carry the contract's module names, by those names: torch's stack
+    names translated, and looked for inside a wrapper module when not at the model's top."""
+    modules = dict(model.named_modules())
+    wrapper = wrapper_prefix(modules)
+    found = {}
+    for name, sub in modules.items():
+        if name.startswith(wrapper) and CONTRACT_NAME.match(contract_name(name[len(wrapper) :])):
+            found.setdefault(contract_name(name[len(wrapper) :]), sub)
+    return found
+
+
+def wrapper_prefix(modules: dict[str, torch.nn.Module]) -> str:
+    """'' when the contract's module names are at the model's top; else the path of the one
+    child that holds them ('transformer.' for a model wrapped in another module)."""
+    if any(CONTRACT_NAME.match(contract_name(n)) for n in modules):
+        return ""
+    counts: dict[str, int] = {}
+    for n in modules:
+        head, _, rest = n.partition(".")
+        if rest and CONTRACT_NAME.match(contract_name(rest)):
+            counts[head + "."] = counts.get(head + ".", 0) + 1
+    return max(counts, key=counts.__getitem__) if counts else ""
+
+
+# torch's nn.TransformerEncoder/Decoder names (the torch copy's) -> the contract's.
+TORCH_NAMES = (
+    (re.compile(r"^(encoder|decoder)\.layers\.(\d+)"), r"\1.\2"),
+    (re.compile(r"\.multihead_attn$"), ".cross_attn"),
+    (re.compile(r"^encoder\.norm$"), "enc_norm"),
+    (re.compile(r"^decoder\.norm$"), "dec_norm"),
+)
+CONTRACT_NAME = re.compile(
+    r"^(encoder\.\d+(\.(self_attn|norm[12]|linear[12]))?|enc_norm|"
+    r"decoder\.\d+(\.(self_attn|cross_attn|norm[123]|linear[12]))?|dec_norm|out)$"
+)
+
+
+def contract_name(name: str) -> str:
+    """A submodule's name in the contract's scheme (torch's stack names translated)."""
+    for pattern, replacement in TORCH_NAMES:
+        name = pattern.sub(replacement, name)
+    return name
+
+
+def first_of(value: Any) -> Any:
+    """A module's input or output as the hooks read it: a tuple by its first element."""
+    return value[0] if isinstance(value, tuple) and value else value

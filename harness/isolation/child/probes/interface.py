@@ -1,0 +1,154 @@
+"""Probes of the interface laws: defaults, state_dict names and shapes, buffers, and what bad
+input through every entry point raises."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from harness.isolation.child.probes.base import (
+    build,
+    persistent_buffers,
+    probe,
+)
+
+
+@probe
+def defaults(module, functions) -> dict[str, Any]:
+    """The default of every TransformerConfig field, and of every parameter of the named
+    contract functions (a parameter without one: absent)."""
+    import inspect
+
+    def of(fn: Any) -> dict[str, Any]:
+        params = inspect.signature(fn).parameters.values()
+        return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
+
+    return {
+        "config": of(module.TransformerConfig),
+        "functions": {f: of(getattr(module, f)) for f in functions},
+    }
+
+
+@probe
+def state_dict_shapes(module, cfgs) -> list[dict[str, list[int]]]:
+    """For each config, the state_dict's names and shapes (in the subject's order)."""
+    out = []
+    for cfg in cfgs:
+        model = module.Transformer(module.TransformerConfig(**cfg))
+        out.append({name: list(t.shape) for name, t in model.state_dict().items()})
+    return out
+
+
+@probe
+def buffer_names(module, cfgs) -> list[list[str]]:
+    """For each config, the persistent buffers its state_dict lists."""
+    return [
+        sorted(persistent_buffers(module.Transformer(module.TransformerConfig(**c)))) for c in cfgs
+    ]
+
+
+def _raised(fn: Callable[[], Any]) -> dict[str, Any] | None:
+    try:
+        fn()
+    except Exception as e:
+        return {"type": type(e).__name__, "bases": [c.__name__ for c in type(e).__mro__]}
+    return None
+
+
+@probe
+def bad_inputs(module, cfg, seed) -> dict[str, Any]:
+    """Each bad input of CONTRACT.md's table, and what the subject raised (None: nothing)."""
+    model, _ = build(module, cfg, seed)
+    T = torch.tensor
+    src, tgt = T([[3, 4, 5]]), T([[1, 6, 7]])
+    ok = torch.ones(1, 3, dtype=torch.bool)
+    long_src = torch.ones(1, cfg["max_len"] + 1, dtype=torch.long)
+    return {
+        "norm is not 'post' or 'pre'": _raised(
+            lambda: module.Transformer(module.TransformerConfig(**{**cfg, "norm": "side"}))
+        ),
+        "d_model not divisible by n_heads": _raised(
+            # at the config or at the model, like the norm's check
+            lambda: module.Transformer(
+                module.TransformerConfig(**{**cfg, "n_heads": cfg["d_model"] // 2 + 1})
+            )
+        ),
+        "src_mask not bool": _raised(lambda: model(src, tgt, ok.long(), ok)),
+        "tgt_mask not bool": _raised(lambda: model(src, tgt, ok, ok.float())),
+        "encode mask not bool": _raised(lambda: model.encode(src, ok.int())),
+        "src_mask shape differs from src": _raised(lambda: model(src, tgt, ok[:, :2], ok)),
+        "tgt_mask shape differs from tgt_in": _raised(lambda: model(src, tgt, ok, ok[:, :2])),
+        "batch sizes differ": _raised(lambda: model(src.repeat(2, 1), tgt, ok.repeat(2, 1), ok)),
+        "source longer than max_len": _raised(
+            lambda: model.encode(long_src, torch.ones_like(long_src, dtype=torch.bool))
+        ),
+        "source row with no real token": _raised(lambda: model(src, tgt, torch.zeros_like(ok), ok)),
+        "target row with padding at bos": _raised(
+            lambda: model(src, tgt, ok, T([[False, True, True]]))
+        ),
+        **_bad_inputs_past_forward(module, model, cfg, src, tgt, ok),
+    }
+
+
+def _bad_inputs_past_forward(module, model, cfg, src, tgt, ok) -> dict[str, Any]:
+    """The bad inputs of CONTRACT.md's table through the other entry points: decode, init_state,
+    decode_step, fit and translate."""
+    with torch.no_grad():
+        memory = model.encode(src, ok)
+    T = torch.tensor
+    long_tgt = torch.ones(1, cfg["max_len"] + 1, dtype=torch.long)
+    two = (src.repeat(2, 1), ok.repeat(2, 1))
+
+    def steps(n: int) -> None:
+        state = model.init_state(ok)
+        for _ in range(n):
+            _, state = model.decode_step(T([1]), memory, state)
+
+    return {
+        # not errors: decoding reaches position max_len - 1, and translate max_len tokens
+        "accepted: decode_step at positions 0 .. max_len - 1": _raised(
+            lambda: steps(cfg["max_len"])
+        ),
+        "accepted: translate with the model's max_len": _raised(
+            lambda: module.translate(model, src, 1, 2, 0, cfg["max_len"])
+        ),
+        "decode: tgt_mask not bool": _raised(lambda: model.decode(tgt, memory, ok, ok.float())),
+        "decode: src_mask not bool": _raised(lambda: model.decode(tgt, memory, ok.long(), ok)),
+        "decode: tgt_mask shape differs from tgt_in": _raised(
+            lambda: model.decode(tgt, memory, ok, ok[:, :2])
+        ),
+        "decode: src_mask shape differs from memory": _raised(
+            lambda: model.decode(tgt, memory, ok[:, :2], ok)
+        ),
+        "decode: src_mask of more rows than memory": _raised(
+            lambda: model.decode(tgt, memory, two[1], ok)
+        ),
+        "decode: batch sizes differ": _raised(
+            lambda: model.decode(tgt, memory.repeat(2, 1, 1), two[1], ok)
+        ),
+        "decode: target longer than max_len": _raised(
+            lambda: model.decode(long_tgt, memory, ok, torch.ones_like(long_tgt, dtype=torch.bool))
+        ),
+        "decode: source row with no real token": _raised(
+            lambda: model.decode(tgt, memory, torch.zeros_like(ok), ok)
+        ),
+        "init_state: src_mask not bool": _raised(lambda: model.init_state(ok.long())),
+        "init_state: source row with no real token": _raised(
+            lambda: model.init_state(torch.zeros_like(ok))
+        ),
+        "decode_step: y_prev of another batch size": _raised(
+            lambda: model.decode_step(T([1, 1]), memory, model.init_state(ok))
+        ),
+        "decode_step: memory of another batch size": _raised(
+            lambda: model.decode_step(T([1]), memory.repeat(2, 1, 1), model.init_state(ok))
+        ),
+        "decode_step: past max_len": _raised(lambda: steps(cfg["max_len"] + 1)),
+        "fit: src and tgt rows differ": _raised(
+            lambda: module.fit(model, two[0], tgt, steps=1, batch=2, pad_id=0)
+        ),
+        "translate: max_len past the model's": _raised(
+            lambda: module.translate(model, src, 1, 2, 0, cfg["max_len"] + 1)
+        ),
+    }

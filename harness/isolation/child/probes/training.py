@@ -1,0 +1,150 @@
+"""Probes of the training laws: make_optimizer, fit's runs, and a learning run whose trained
+weights the parent judges."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from harness.isolation.child.probes.base import (
+    build,
+    numpy_of,
+    parameters_by_name,
+    probe,
+    tensor_of,
+)
+
+
+@probe
+def optimizer(module, cfg, seed) -> dict[str, Any]:
+    """make_optimizer's class, its param groups' settings and which parameters it holds."""
+    model, _ = build(module, cfg, seed)
+    opt = module.make_optimizer(model)
+    held = [id(p) for group in opt.param_groups for p in group["params"]]
+    own = [id(p) for p in model.parameters()]
+    groups = [
+        {
+            "betas": [float(b) for b in group.get("betas", ())],
+            "eps": float(group.get("eps", float("nan"))),
+            "weight_decay": float(group.get("weight_decay", float("nan"))),
+            "amsgrad": bool(group.get("amsgrad", False)),
+        }
+        for group in opt.param_groups
+    ]
+    return {
+        "bases": [f"{c.__module__}.{c.__qualname__}" for c in type(opt).__mro__],
+        "groups": groups,
+        "n_held": len(held),
+        "n_distinct_held": len(set(held)),
+        "n_model": len(own),
+        "all_held": set(own) <= set(held),
+        "foreign": len(set(held) - set(own)),
+    }
+
+
+def _fit(module, model, data, seed, **kw) -> dict[str, Any]:
+    calls: list[list[float]] = []
+    losses = module.fit(
+        model,
+        tensor_of(data["src"]),
+        tensor_of(data["tgt"]),
+        pad_id=data["pad_id"],
+        seed=seed,
+        callback=lambda step, rate, loss: calls.append([float(step), float(rate), float(loss)]),
+        **kw,
+    )
+    return {
+        "losses": [float(x) for x in losses],
+        "types": sorted({type(x).__name__ for x in losses} | {type(losses).__name__}),
+        "calls": calls,
+        "training": model.training,
+    }
+
+
+@probe
+def fit_runs(module, cfg, seed, data, steps, batch, warmup, factor, lr, fit_seed):
+    """fit on one initial model: twice with the Noam schedule and the same seed, once with a
+    constant rate, once from eval mode, and one update whose parameter change shows its rate."""
+    model, dtype = build(module, cfg, seed)
+    init = {name: t.clone() for name, t in model.state_dict().items()}
+    kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor}
+    runs = {}
+    for global_seed, (name, mode, extra) in enumerate(
+        (
+            ("noam", True, {}),
+            ("noam_again", True, {}),
+            ("constant", True, {"lr": lr}),
+            ("from_eval", False, {}),
+        )
+    ):
+        model.load_state_dict(init)
+        model.train(mode)
+        torch.manual_seed(1000 + global_seed)  # fit's draws come from its seed, not from this
+        runs[name] = _fit(module, model, data, fit_seed, **kw, **extra)
+    # edge sizes the contract allows: no update at all, and batches of one row
+    model.load_state_dict(init)
+    runs["no_steps"] = _fit(module, model, data, fit_seed, **{**kw, "steps": 0})
+    runs["no_steps"]["moved"] = max(
+        float((t - init[n]).abs().max()) for n, t in model.state_dict().items()
+    )
+    runs["batch_one"] = _fit(module, model, data, fit_seed, **{**kw, "steps": 2, "batch": 1})
+    model.load_state_dict(init)
+    model.train()
+    one = _fit(module, model, data, fit_seed, **{**kw, "steps": 1})
+    after = model.state_dict()
+    delta = max(float((after[n] - init[n]).abs().max()) for n in init)
+    return {"dtype": dtype, "runs": runs, "one_step": one, "max_first_update": delta}
+
+
+class _Stop(Exception):
+    """Raised from fit's callback to end training early."""
+
+
+@probe
+def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr, stop=None):
+    """fit for `steps` updates; the trained weights, which the parent judges with the oracle
+    (never the subject's own logits or loss).
+
+    stop (optional) {"src", "tgt", "pad_id", "every", "below"}: after every `every`-th update the
+    model's own eval-mode cross-entropy on those rows is computed here (numpy's log-softmax of
+    its logits), and fit is ended once it is at most `below`. Only when to stop rests on the
+    subject's numbers; the verdict is the parent's, on the weights. Eval-mode passes draw no
+    random numbers, so the updates run are the same as without the checks.
+    """
+    torch.manual_seed(seed)
+    # the model's own dtype (float32 as users train it): a learning bar, not a rounding check
+    model = module.Transformer(module.TransformerConfig(**cfg))
+    kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
+    updates = [0]
+
+    def own_loss() -> float:
+        src, tgt, pad = tensor_of(stop["src"]), tensor_of(stop["tgt"]), stop["pad_id"]
+        tgt_in, tgt_out = tgt[:, :-1], stop["tgt"][:, 1:]
+        model.eval()
+        try:
+            with torch.no_grad():
+                z = numpy_of(model(src, tgt_in, src != pad, tgt_in != pad))
+        finally:
+            model.train()
+        z = z - z.max(axis=-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+        real = tgt_out != pad
+        picked = np.take_along_axis(logp, tgt_out[..., None], axis=-1)[..., 0]
+        return float(-(picked * real).sum() / real.sum())
+
+    def callback(step, rate, loss) -> None:
+        updates[0] = int(step) + 1
+        if stop is not None and updates[0] % stop["every"] == 0 and own_loss() <= stop["below"]:
+            raise _Stop
+
+    try:
+        losses = module.fit(
+            model, tensor_of(data["src"]), tensor_of(data["tgt"]), pad_id=data["pad_id"], seed=seed,
+            callback=callback, **kw,
+        )  # fmt: skip
+        losses = [float(x) for x in losses]
+    except _Stop:
+        losses = None
+    return {"losses": losses, "updates": updates[0], "state_dict": parameters_by_name(model)}

@@ -1,0 +1,64 @@
+"""Section 3's hand examples: label smoothing and the Noam schedule, to the seed's printed
+digits and to float64 against the oracle."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+import oracle
+from harness.shared_tests.record import Call, Failure, law
+from harness.shared_tests.verdicts import (
+    TOL_FLOAT64,
+    assert_close,
+)
+
+
+@law(
+    "test_hand_example_label_smoothing",
+    "section 3's label smoothing: 0.618111, p - q, and a pad row that counts for nothing",
+    timeout=20.0,
+)
+def check_hand_example_label_smoothing(call: Call) -> None:
+    # Section 3: V = 3, logits (1, 0, 0), target 0, eps 0.1 gives 0.618111 and p - q =
+    # (-0.357216, 0.178608, 0.178608); a second row whose target is the pad id adds nothing.
+    printed = 5e-7  # the seed prints 6 decimals: agreement to half a unit there
+    pad_id = 2
+    logits = np.array([[1.0, 0.0, 0.0], [0.3, -1.2, 2.0]])
+    targets = np.array([0, pad_id])
+    r = call("loss_example", logits=logits, targets=targets, eps=0.1, pad_id=pad_id)
+    assert_close("loss", r["loss"], 0.618111, printed, axes=())
+    if r["grad"] is None:
+        raise Failure("the loss has no gradient with respect to the logits")
+    want = np.array([[-0.357216, 0.178608, 0.178608], [0.0, 0.0, 0.0]])
+    assert_close("d loss / d logits", r["grad"], want, printed, axes=("row", "token"))
+    # and to float64 precision against the oracle, with the pad row first and eps elsewhere
+    for eps in (0.0, 0.1, 0.3):
+        swapped = logits[::-1].copy(), targets[::-1].copy()
+        r = call("loss_example", logits=swapped[0], targets=swapped[1], eps=eps, pad_id=pad_id)
+        loss, grad = oracle.label_smoothed_loss(*swapped, eps, pad_id)
+        assert_close(f"loss (eps={eps}, pad row first)", r["loss"], loss, TOL_FLOAT64, axes=())
+        assert_close(f"gradient (eps={eps})", r["grad"], grad, TOL_FLOAT64, axes=("row", "token"))
+
+
+@law(
+    "test_hand_example_noam",
+    "section 3's Noam rates: 0.03125, 0.125, 0.0625 at updates 0, 3, 15",
+    timeout=20.0,
+)
+def check_hand_example_noam(call: Call) -> None:
+    # Section 3: d = 16, w = 4, f = 1 gives 0.03125 at update 0, the peak 0.125 at update 3 and
+    # 0.0625 at update 15; other settings against the oracle's formula, warmup 1 among them.
+    hand = [(0, 16, 4, 1.0, 0.03125), (3, 16, 4, 1.0, 0.125), (15, 16, 4, 1.0, 0.0625)]
+    more = [(0, 512, 4000, 1.0), (3999, 512, 4000, 2.0), (7, 64, 3, 0.5), (5, 16, 1, 1.0)]
+    cases = [c[:4] for c in hand] + more
+    rates = call("noam_rates", cases=cases)
+    want = [c[4] for c in hand] + [oracle.noam_rate(*c) for c in more]
+    for (s, d, w, f), got, exp in zip(cases, rates, want, strict=True):
+        # a closed formula in float64: a few ulps apart at most
+        if not math.isclose(got, exp, rel_tol=1e-12):
+            raise Failure(
+                f"noam_rate(step={s}, d_model={d}, warmup={w}, factor={f}) = {got!r}, "
+                f"expected {exp!r}"
+            )

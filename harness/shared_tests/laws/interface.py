@@ -1,0 +1,161 @@
+"""The interface laws: the state_dict's names and shapes, the contract's defaults, and bad input
+through every entry point."""
+
+from __future__ import annotations
+
+from harness.shared_tests.inputs import (
+    config,
+    contract_defaults,
+    contract_shapes,
+    tying,
+)
+from harness.shared_tests.record import Call, Failure, law
+from harness.shared_tests.verdicts import (
+    listing,
+)
+
+
+@law(
+    "test_parameter_names_follow_the_norm",
+    "exactly the contract's names and shapes; pre-LN adds exactly enc_norm and dec_norm",
+    timeout=20.0,
+)
+def check_parameter_names_follow_the_norm(call: Call) -> None:
+    # The state_dict holds exactly the contract's names and shapes; pre-LN adds exactly enc_norm
+    # and dec_norm; decoder layers have cross_attn and norm3.
+    cfgs = [
+        config(n_enc=2, n_dec=1),
+        config(n_enc=2, n_dec=1, norm="pre"),
+        config(n_enc=1, n_dec=2, norm="pre", src_vocab=11),
+        config(n_enc=1, n_dec=2, tie_embeddings=False, tgt_vocab=11),
+    ]
+    got_all = call("state_dict_shapes", cfgs=cfgs)
+    buffers = call("buffer_names", cfgs=cfgs)
+    for cfg, got, held in zip(cfgs, got_all, buffers, strict=True):
+        want = contract_shapes(cfg)
+        label = f"{cfg['norm']}-LN, {cfg['n_enc']}+{cfg['n_dec']} layers, tie {tying(cfg)}"
+        missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+        if missing or extra:
+            parts = [f"missing {listing(missing)}" if missing else ""]
+            parts.append(f"unexpected {listing(extra)}" if extra else "")
+            said = "; ".join(x for x in parts if x)
+            raise Failure(
+                f"{label}: the state_dict's names: {said}{names_advice(cfg, missing, extra, held)}"
+            )
+        for name, shape in want.items():
+            if tuple(got[name]) != shape:
+                raise Failure(f"{label}: {name} has shape {tuple(got[name])}, expected {shape}")
+    post, pre = set(got_all[0]), set(got_all[1])
+    added = {"enc_norm.weight", "enc_norm.bias", "dec_norm.weight", "dec_norm.bias"}
+    if pre - post != added or post - pre:
+        raise Failure(f"pre-LN adds {sorted(pre - post)} and drops {sorted(post - pre)}")
+
+
+def names_advice(cfg: dict, missing: list[str], extra: list[str], buffers: list[str]) -> str:
+    """The usual fixes for names that are not the contract's, as '; <advice>' or ''."""
+    advice = []
+    held = sorted(set(extra) & set(buffers))
+    if held:
+        kind = "is a persistent buffer" if len(held) == 1 else "are persistent buffers"
+        advice.append(
+            f"{listing(held)} {kind}: register with persistent=False (the state_dict holds "
+            "parameters only)"
+        )
+    heads = {k.split(".", 1)[0] for k in set(extra) - set(held)}
+    if len(heads) == 1 and missing:
+        head = heads.pop() + "."
+        if {k[len(head) :] for k in extra if k.startswith(head)} >= set(missing):
+            advice.append(
+                f"every name has the prefix '{head}' (the model sits in a wrapper module): make "
+                "the contract's modules attributes of the Transformer itself"
+            )
+    if "out.bias" in extra:
+        advice.append("the output layer has a bias: nn.Linear(d_model, tgt_vocab, bias=False)")
+    finals = [
+        k
+        for k in extra
+        if k.startswith(("encoder.norm.", "decoder.norm.", "enc_norm.", "dec_norm."))
+    ]
+    if finals and cfg["norm"] == "post":
+        advice.append(
+            "post-LN has no final norms: nn.TransformerEncoder and nn.TransformerDecoder add "
+            "one when given norm=...; pass norm=None"
+        )
+    return "".join(f"; {a}" for a in advice)
+
+
+@law(
+    "test_validation",
+    "bad input through every entry point raises the contract's error class; good input does not",
+    timeout=20.0,
+)
+def check_validation(call: Call) -> None:
+    # Bad input gives the contract's error class, never a silent answer.
+    want: dict[str, str | None] = {
+        "norm is not 'post' or 'pre'": "ValueError",
+        "d_model not divisible by n_heads": "ValueError",
+        "src_mask not bool": "TypeError",
+        "tgt_mask not bool": "TypeError",
+        "encode mask not bool": "TypeError",
+        "src_mask shape differs from src": "ValueError",
+        "tgt_mask shape differs from tgt_in": "ValueError",
+        "batch sizes differ": "ValueError",
+        "source longer than max_len": "ValueError",
+        "source row with no real token": "ValueError",
+        "target row with padding at bos": "ValueError",
+        # every other entry point (issue 12)
+        "decode: tgt_mask not bool": "TypeError",
+        "decode: src_mask not bool": "TypeError",
+        "decode: tgt_mask shape differs from tgt_in": "ValueError",
+        "decode: src_mask shape differs from memory": "ValueError",
+        "decode: src_mask of more rows than memory": "ValueError",
+        "decode: batch sizes differ": "ValueError",
+        "decode: target longer than max_len": "ValueError",
+        "decode: source row with no real token": "ValueError",
+        "init_state: src_mask not bool": "TypeError",
+        "init_state: source row with no real token": "ValueError",
+        "decode_step: y_prev of another batch size": "ValueError",
+        "decode_step: memory of another batch size": "ValueError",
+        "decode_step: past max_len": "ValueError",
+        "fit: src and tgt rows differ": "ValueError",
+        "translate: max_len past the model's": "ValueError",
+        # good input that must not raise
+        "accepted: decode_step at positions 0 .. max_len - 1": None,
+        "accepted: translate with the model's max_len": None,
+    }
+    got = call("bad_inputs", cfg=config(n_enc=1, n_dec=1, max_len=8), seed=22)
+    wrong = []
+    for case, error in want.items():
+        raised = got.get(case)
+        if error is None:
+            if raised is not None:
+                wrong.append(f"{case}: raised {raised['type']}, expected no error")
+        elif raised is None:
+            wrong.append(f"{case}: nothing raised, expected {error}")
+        elif error not in raised["bases"]:
+            wrong.append(f"{case}: raised {raised['type']}, expected {error}")
+    if wrong:
+        raise Failure("; ".join(wrong))
+
+
+@law(
+    "test_defaults_are_the_contracts",
+    "TransformerConfig's defaults and every contract function's defaults are the contract's",
+    timeout=20.0,
+)
+def check_defaults_are_the_contracts(call: Call) -> None:
+    # Every other test passes every config field and argument: only this one sees a default.
+    want = contract_defaults()
+    got = call("defaults", functions=sorted(want["functions"]))
+    wrong = []
+    for where_, expected, actual in [
+        ("TransformerConfig", want["config"], got["config"]),
+        *[(f"{f}()", want["functions"][f], got["functions"][f]) for f in sorted(want["functions"])],
+    ]:
+        for name, value in expected.items():
+            if name not in actual:
+                wrong.append(f"{where_}: {name} has no default, expected {value!r}")
+            elif actual[name] != value:  # 1 for 1.0 is the same default
+                wrong.append(f"{where_}: {name} defaults to {actual[name]!r}, expected {value!r}")
+    if wrong:
+        raise Failure("; ".join(wrong))
