@@ -52,6 +52,8 @@ from harness.options import (
     usage_error,
 )
 from harness.outcomes import Outcome
+from harness.reports import grades as tables
+from harness.reports.safe import to_csv
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.diagnosis import diagnose
 from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
@@ -606,44 +608,23 @@ def grade_from_json(data: dict[str, Any]) -> Grade:
     return Grade(**{**data, "tests": [TestResult(**t) for t in data["tests"]]})
 
 
+def graded(g: Grade) -> tables.Graded:
+    """A Grade as the batch tables read it (harness.reports.grades, shared with summarize)."""
+    lines = [tables.TestLine(t.name, t.passed, t.outcome) for t in g.tests]
+    name = Path(g.submission).name
+    return tables.Graded(name, g.score, g.max_score, g.passed, lines, g.rejected, g.error)
+
+
 def batch_table(grades: Sequence[Grade]) -> pd.DataFrame:
     """One row per submission: score, max, passed, each test's outcome."""
-    rows = []
-    for g in grades:
-        row: dict[str, Any] = {
-            "submission": Path(g.submission).name,
-            "score": g.score,
-            "max_score": g.max_score,
-            "passed": g.passed,
-            "rejected": g.rejected,
-        }
-        row.update({t.name: t.outcome for t in g.tests})
-        rows.append(row)
-    return pd.DataFrame(rows)
+    return tables.batch_table([graded(g) for g in grades])
 
 
 def hardest(grades: Sequence[Grade]) -> pd.DataFrame:
     """Which tests students fail most: failures, share of submissions, most common outcome.
-    Rejected submissions (nothing ran) and grader errors are left out: they failed no test."""
-    ran = [g for g in grades if not g.rejected and not g.error]
-    cells = pd.DataFrame(
-        [
-            {"test": t.name, "failed": not t.passed, "outcome": t.outcome}
-            for g in ran
-            for t in g.tests
-        ],
-        columns=["test", "failed", "outcome"],
-    )
-    if cells.empty:  # every submission rejected: no test ran, none is hardest
-        return pd.DataFrame(columns=["test", "failed", "of", "share", "usual outcome"])
-    failing = cells[cells.failed]
-    table = cells.groupby("test", sort=False).agg(failed=("failed", "sum"), of=("failed", "size"))
-    table["share"] = (table.failed / table["of"]).round(2)
-    table["usual outcome"] = failing.groupby("test")["outcome"].agg(
-        lambda s: s.value_counts().index[0]
-    )
-    table["usual outcome"] = table["usual outcome"].fillna("")
-    return table.sort_values("failed", ascending=False, kind="stable").reset_index()
+    Rejected submissions (nothing ran) and grader errors are left out: they failed no test.
+    (Collected Gradescope results.json files: `xfmr summarize`, harness.reports.grades.)"""
+    return tables.hardest([graded(g) for g in grades])
 
 
 def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
@@ -690,7 +671,7 @@ def run_grade_batch(args: argparse.Namespace) -> int:
     except work.ClusterProblem as e:
         return usage_error("grade-batch", str(e))
     # every worker is gone: only now does anything get written
-    table, worst = batch_table(grades), hardest(grades)
+    table, worst = batch_table(grades), hardest(grades)  # CSVs through reports.safe.to_csv
 
     def scope(g: Grade) -> Callable[[], dict[str, Any]]:
         return lambda: gradescope(g, args.visibility, args.stdout_visibility)
@@ -698,18 +679,12 @@ def run_grade_batch(args: argparse.Namespace) -> int:
     written = write_all(
         "grade-batch",
         [
-            (out / "grades.csv", lambda: table.to_csv(index=False)),
-            (out / "hardest_tests.csv", lambda: worst.to_csv(index=False)),
+            (out / "grades.csv", lambda: to_csv(table)),
+            (out / "hardest_tests.csv", lambda: to_csv(worst)),
             *[(out / f"{Path(g.submission).stem}.gradescope.json", scope(g)) for g in grades],
         ],
     )
-    print(table[["submission", "score", "max_score", "passed"]].to_string(index=False))
-    print("\nTests students fail most (of the submissions that ran):")
-    print(worst.to_string(index=False))
-    for g in grades:
-        if g.rejected or g.error:
-            why = g.rejected or "grader error"
-            print(f"not counted: {printable(Path(g.submission).name)}: {why}")
+    print(tables.summary_text([graded(g) for g in grades]))
     print(f"\nwrote {out}/grades.csv, {out}/hardest_tests.csv and one Gradescope JSON each")
     if any(g.error for g in grades):
         return 3

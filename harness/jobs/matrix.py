@@ -28,6 +28,7 @@ from harness.coverage import inferred_line, run_inferring
 from harness.engine import SuiteRun, print_progress, run_suite
 from harness.isolation import forkserver
 from harness.reports import matrix as reports
+from harness.reports.safe import to_csv
 from harness.reports.writer import write_all
 from harness.shared_tests.inputs import DATA
 from harness.shared_tests.laws import SHARED_TESTS
@@ -159,7 +160,7 @@ def run_matrix(args: argparse.Namespace) -> int:
     written = write_all(
         "matrix",
         [
-            (args.csv, lambda: reports.frame(run).to_csv(index=False)),
+            (args.csv, lambda: to_csv(reports.frame(run))),
             (args.json, lambda: reports.to_json(run, summary)),
             (args.markdown, lambda: reports.markdown(run, summary)),
             (args.html, lambda: reports.html_page(run, summary)),

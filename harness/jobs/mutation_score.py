@@ -18,8 +18,10 @@ every mutant whose record is marked `required` killed and score >= 0.80 (the see
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import secrets
+import subprocess
 import sys
 import tempfile
 import threading
@@ -33,6 +35,7 @@ from harness import work
 from harness.analysis import Summary, summarize
 from harness.cache import KEPT, Store, default_root, suite_run_key
 from harness.engine import Cell, Launch, SuiteRun, unjudgeable
+from harness.isolation import sandbox
 from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput, staged, starter
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout, printable
 from harness.jobs.disguise import disguise
@@ -511,6 +514,58 @@ def configure_mutation_score(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# What the worker's half (harness.isolation.child.student_suite) imports to run a suite: the
+# [test] extra, which the README's main install (`pip install -e .`) leaves out.
+NEEDS = ("pytest", "hypothesis")
+EXTRA = "pip install -e '.[test]'"
+_IMPORTS = """
+import importlib, json, sys
+failed = {}
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except BaseException as e:
+        failed[name] = f"{type(e).__name__}: {e}"
+print(json.dumps(failed))
+"""
+
+
+def missing_modules(modules: tuple[str, ...] = NEEDS, unsafe: bool = False) -> dict[str, str]:
+    """Each of `modules` the workers' interpreter cannot import, with why. Asked of that
+    interpreter as the workers start it: sandboxed, the same executable with -I -S and the
+    sandbox's import paths (harness.isolation.sandbox); unsafe, this interpreter as the fork
+    server runs it. A check that cannot run at all is said as a failure of every module."""
+    if unsafe:
+        command = [sys.executable, "-c", _IMPORTS]
+    else:
+        boot = f"import sys; sys.path[:0] = {sandbox._python_paths()!r}\n{_IMPORTS}"
+        command = [sandbox._interpreter(), "-I", "-S", "-B", "-c", boot]
+    try:
+        done = subprocess.run(
+            [*command, *modules], capture_output=True, text=True, timeout=120, cwd="/"
+        )
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+        if not isinstance(found, dict):
+            raise ValueError(found)
+        return {str(k): str(v) for k, v in found.items()}
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
+        return {name: f"the import check did not run: {type(e).__name__}: {e}" for name in modules}
+
+
+def dependency_problem(unsafe: bool = False) -> str:
+    """Why this install cannot run a student's suite ("" if it can): the grader's own missing
+    dependency, said before anything runs, never charged to the suite."""
+    missing = missing_modules(NEEDS, unsafe)
+    if not missing:
+        return ""
+    said = "; ".join(f"{name} ({why})" for name, why in missing.items())
+    return (
+        f"the grader cannot run a student's suite: its workers' Python ({sys.executable}) "
+        f"cannot import {said}. Install the test extra: {EXTRA} (from the project's root; "
+        "the main install `pip install -e .` leaves it out). No suite was run."
+    )
+
+
 def run_mutation_score(args: argparse.Namespace) -> int:
     def progress(name: str, r: SubjectRun) -> None:
         print(f"  {name:<11} {len(r.cells)} tests, {r.seconds:5.1f} s", file=sys.stderr)
@@ -518,6 +573,10 @@ def run_mutation_score(args: argparse.Namespace) -> int:
     for path in [p for p in (args.json, args.stryker) if p]:
         if problem := report_path_problem(path):
             return usage_error("mutation-score", f"cannot write a report: {problem}")
+    # here or on a LocalCluster the workers are this install's; a remote cluster's are not
+    remote = args.scheduler is not None and args.scheduler.address is not None
+    if not remote and (problem := dependency_problem(args.unsafe_no_sandbox)):
+        return usage_error("mutation-score", problem)
     if problem := isolation_problem(args):
         return usage_error("mutation-score", problem)
     try:

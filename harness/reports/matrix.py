@@ -5,7 +5,6 @@ Every writer reads the same SuiteRun and Summary, so the formats always agree.
 
 from __future__ import annotations
 
-import html
 import os
 import platform
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from harness.analysis import Summary
 from harness.engine import SuiteRun
 from harness.outcomes import STRYKER_STATUS, Outcome
+from harness.reports.safe import html_text, markdown_cell
 from harness.subjects import Kind, module_source
 from mutants import catalog
 
@@ -158,19 +158,21 @@ def to_json(run: SuiteRun, summary: Summary) -> dict[str, Any]:
 
 
 def markdown(run: SuiteRun, summary: Summary) -> str:
-    """A Markdown table: tests down, subjects across."""
+    """A Markdown table: tests down, subjects across. Every name, outcome and finding goes
+    through reports.safe.markdown_cell (a subject may be a student's file)."""
+    cell = markdown_cell
     names = [s.name for s in run.subjects]
     lines = [
-        "| test | " + " | ".join(names) + " | kills |",
+        "| test | " + " | ".join(cell(n) for n in names) + " | kills |",
         "| --- | " + " | ".join(":---:" for _ in names) + " | ---: |",
     ]
     for t in run.tests:
-        cells = [run.cell(t.name, n).outcome.value for n in names]
+        cells = [cell(run.cell(t.name, n).outcome.value) for n in names]
         kills = summary.kills_per_test[t.name]
-        lines.append(f"| {t.name} | " + " | ".join(cells) + f" | {kills} |")
+        lines.append(f"| {cell(t.name)} | " + " | ".join(cells) + f" | {kills} |")
     lines += ["", f"Mutation score: {summary.score:.2f}.", ""]
     listed = findings(run, summary)
-    lines += [f"- {finding}" for finding, _ in listed] or ["No findings."]
+    lines += [f"- {cell(finding)}" for finding, _ in listed] or ["No findings."]
     return "\n".join(lines) + "\n"
 
 
@@ -184,9 +186,13 @@ _COLORS = {
 
 
 def html_page(run: SuiteRun, summary: Summary) -> str:
-    """A colored grid (tests down, subjects across); each cell's message shows on hover."""
-    esc = html.escape
-    head = "".join(f"<th>{esc(s.name)}<br><small>{s.kind.value}</small></th>" for s in run.subjects)
+    """A colored grid (tests down, subjects across); each cell's message shows on hover. Every
+    text goes through reports.safe.html_text (a subject may be a student's file, a message
+    anything it printed or raised)."""
+    esc = html_text
+    head = "".join(
+        f"<th>{esc(s.name)}<br><small>{esc(s.kind.value)}</small></th>" for s in run.subjects
+    )
     rows = []
     for t in run.tests:
         cells = []
@@ -194,18 +200,18 @@ def html_page(run: SuiteRun, summary: Summary) -> str:
             c = run.cell(t.name, s.name)
             alarm = s.is_correct and c.outcome.false_alarm
             style = f"background:{_COLORS[c.outcome]}" + (";outline:3px solid red" if alarm else "")
-            tip = esc(c.message or c.outcome.value, quote=True)
+            tip = esc(c.message or c.outcome.value)
             cells.append(f'<td style="{style}" title="{tip}">{esc(c.outcome.value)}</td>')
-        law = esc(t.law, quote=True)
         rows.append(
-            f'<tr><th title="{law}">{esc(t.name)}</th>{"".join(cells)}'
+            f'<tr><th title="{esc(t.law)}">{esc(t.name)}</th>{"".join(cells)}'
             f"<td>{summary.kills_per_test[t.name]}</td></tr>"
         )
     legend = " ".join(
-        f'<span style="background:{_COLORS[o]};padding:2px 6px">{o.value}</span>' for o in Outcome
+        f'<span style="background:{_COLORS[o]};padding:2px 6px">{esc(o.value)}</span>'
+        for o in Outcome
     )
     alarms = "".join(
-        f'<li title="{esc(detail, quote=True)}">{esc(finding)}</li>'
+        f'<li title="{esc(detail)}">{esc(finding)}</li>'
         for finding, detail in findings(run, summary)
     )
     return f"""<!doctype html>

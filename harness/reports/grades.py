@@ -1,0 +1,322 @@
+"""A batch of grades as tables, and `xfmr summarize`: the same tables from collected Gradescope
+results.json files.
+
+`grade-batch` and `summarize` print and write the same two tables, computed here from plain
+records (`Graded`): one row per submission (score, max, passed, each test's outcome) and the
+tests students fail most (failures, of how many, share, usual outcome). grade-batch builds the
+records from its grades; summarize reads them from a folder of Gradescope results.json files
+(the format `xfmr grade --gradescope` writes, Gradescope's autograder specification: `score`,
+`output`, `tests[]` with `name`, `score`, `max_score`, `status`, `output`), which is where a
+course that grades on Gradescope has them. A file that is not such a results file (not JSON, cut
+short, fields of the wrong type) is named, skipped and counted; it never stops the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.isolation.worker import printable
+from harness.options import usage_error
+from harness.outcomes import Outcome
+from harness.reports.safe import markdown_table, to_csv
+from harness.reports.writer import report_path_problem, write_all
+
+HARDEST_COLUMNS = ["test", "failed", "of", "share", "usual outcome"]
+# The files summarize reads unless told otherwise: Gradescope's name, and grade-batch's.
+PATTERNS = ("results.json", "*.gradescope.json")
+# A results file larger than this is not one of ours (19 tests and their messages: ~20 kB).
+MAX_BYTES = 16 << 20
+
+# How a failed test's Gradescope output begins (harness.jobs.grade's reasons), read back as the
+# outcome it was; any other failed test is "failed".
+_OUTCOME_OF_REASON = {
+    "failed:": Outcome.KILLED.value,
+    "crashed:": Outcome.ERROR.value,
+    "timed out:": Outcome.TIMEOUT.value,
+    "not applicable": Outcome.NOT_APPLICABLE.value,
+}
+
+
+@dataclass(frozen=True)
+class TestLine:
+    """One test of one submission: whether it passed and its outcome (an Outcome value, or
+    "failed" for a failure whose kind a results file does not say)."""
+
+    name: str
+    passed: bool
+    outcome: str
+
+
+@dataclass
+class Graded:
+    """One submission's grade as the tables need it."""
+
+    submission: str
+    score: float
+    max_score: float
+    passed: bool
+    tests: list[TestLine] = field(default_factory=list)
+    rejected: str = ""  # why nothing of it ran, if nothing did
+    error: str = ""  # the grader's own failure on it, if any
+
+    @property
+    def counted(self) -> bool:
+        """Does it count among the submissions that ran? A rejected submission and a grader
+        error failed no test."""
+        return not self.rejected and not self.error
+
+
+def batch_table(grades: Sequence[Graded]) -> pd.DataFrame:
+    """One row per submission: score, max, passed, rejected, each test's outcome."""
+    rows = []
+    for g in grades:
+        row: dict[str, Any] = {
+            "submission": printable(g.submission),
+            "score": g.score,
+            "max_score": g.max_score,
+            "passed": g.passed,
+            "rejected": g.rejected,
+        }
+        row.update({t.name: t.outcome for t in g.tests})
+        rows.append(row)
+    empty = ["submission", "score", "max_score", "passed", "rejected"]
+    return pd.DataFrame(rows, columns=None if rows else empty)
+
+
+def hardest(grades: Sequence[Graded]) -> pd.DataFrame:
+    """Which tests students fail most: failures, of how many, share, most common outcome. Only
+    the submissions that ran count (rejected ones and grader errors failed no test)."""
+    cells = pd.DataFrame(
+        [
+            {"test": t.name, "failed": not t.passed, "outcome": t.outcome}
+            for g in grades
+            if g.counted
+            for t in g.tests
+        ],
+        columns=["test", "failed", "outcome"],
+    )
+    if cells.empty:  # no submission ran: no test is hardest
+        return pd.DataFrame(columns=HARDEST_COLUMNS)
+    failing = cells[cells.failed]
+    table = cells.groupby("test", sort=False).agg(failed=("failed", "sum"), of=("failed", "size"))
+    table["share"] = (table.failed / table["of"]).round(2)
+    table["usual outcome"] = failing.groupby("test")["outcome"].agg(
+        lambda s: s.value_counts().index[0]
+    )
+    table["usual outcome"] = table["usual outcome"].fillna("")
+    return table.sort_values("failed", ascending=False, kind="stable").reset_index()
+
+
+def summary_text(grades: Sequence[Graded]) -> str:
+    """What grade-batch and summarize print: the table, the hardest tests, what was not counted."""
+    table, worst = batch_table(grades), hardest(grades)
+    lines = [table[["submission", "score", "max_score", "passed"]].to_string(index=False)]
+    lines += ["", "Tests students fail most (of the submissions that ran):"]
+    lines += [worst.to_string(index=False) if not worst.empty else "  none: no submission ran"]
+    for g in grades:
+        if not g.counted:
+            why = printable(g.rejected or "grader error")
+            lines.append(f"not counted: {printable(Path(g.submission).name)}: {why}")
+    return "\n".join(lines)
+
+
+def markdown(grades: Sequence[Graded]) -> str:
+    """Both tables in Markdown, every cell escaped (student file names and messages are text)."""
+    table, worst = batch_table(grades), hardest(grades)
+    return (
+        "## Grades\n\n"
+        + markdown_table(table[["submission", "score", "max_score", "passed", "rejected"]])
+        + "\n## Tests students fail most (of the submissions that ran)\n\n"
+        + markdown_table(worst)
+    )
+
+
+# --- reading Gradescope's results.json -------------------------------------------------------
+
+
+class NotResults(ValueError):
+    """A file that is not a Gradescope results file, with the reason."""
+
+
+def _number(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise NotResults(f"{where} is {value!r}, not a number")
+    return float(value)
+
+
+def _test_line(entry: Any, i: int) -> tuple[TestLine, float | None, float] | None:
+    """One entry of `tests`: its line, score (None if absent) and max_score (0 if absent); None
+    for an entry that says neither a status nor a score (information only, not a test)."""
+    where = f"tests[{i}]"
+    if not isinstance(entry, dict):
+        raise NotResults(f"{where} is not an object")
+    name = entry.get("name", entry.get("number", f"#{i + 1}"))
+    if not isinstance(name, str | int | float) or isinstance(name, bool):
+        raise NotResults(f"{where}.name is {name!r}, not a text")
+    score = _number(entry["score"], f"{where}.score") if "score" in entry else None
+    most = _number(entry["max_score"], f"{where}.max_score") if "max_score" in entry else None
+    status = entry.get("status")
+    if status is not None and status not in ("passed", "failed"):
+        raise NotResults(f"{where}.status is {status!r}, not 'passed' or 'failed'")
+    if status is None and (score is None or most is None):
+        return None
+    passed = status == "passed" if status is not None else bool(score >= most)
+    output = entry.get("output", "")
+    outcome = Outcome.PASSED.value
+    if not passed:
+        text = output if isinstance(output, str) else ""
+        starts = [o for reason, o in _OUTCOME_OF_REASON.items() if text.startswith(reason)]
+        outcome = starts[0] if starts else "failed"
+    return TestLine(printable(str(name)), passed, outcome), score, most or 0.0
+
+
+def read_results(path: Path, submission: str) -> Graded:
+    """A Gradescope results file as a Graded; NotResults (with the reason) if it is not one."""
+    try:
+        if path.stat().st_size > MAX_BYTES:
+            raise NotResults(f"larger than {MAX_BYTES >> 20} MiB")
+        data = json.loads(path.read_bytes())
+    except OSError as e:
+        raise NotResults(f"could not be read: {e.strerror or e}") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise NotResults(f"not JSON (cut short or not a results file): {e}") from None
+    except RecursionError:
+        raise NotResults("not JSON: nested too deep") from None
+    if not isinstance(data, dict):
+        raise NotResults(f"a JSON {type(data).__name__}, not an object")
+    if "tests" not in data and "score" not in data:
+        raise NotResults("neither `tests` nor `score`: not a Gradescope results file")
+    entries = data.get("tests", [])
+    if not isinstance(entries, list):
+        raise NotResults("`tests` is not a list")
+    read = [_test_line(entry, i) for i, entry in enumerate(entries)]
+    lines = [r for r in read if r is not None]
+    output = data.get("output", "")
+    output = output if isinstance(output, str) else ""
+    scores = [s for _, s, _ in lines if s is not None]
+    if "score" in data:
+        score = _number(data["score"], "score")
+    else:
+        score = sum(scores)
+    tests = [line for line, _, _ in lines]
+    error = ""
+    if output.startswith("GRADER ERROR") or ("score" not in data and not scores):
+        error = printable(output.splitlines()[0] if output else "no score: a grader error")
+    rejected = ""
+    outputs = {e.get("output") for e in entries if isinstance(e, dict)}
+    if (
+        not error
+        and tests
+        and not any(t.passed for t in tests)
+        and len(outputs) == 1
+        and isinstance(first := next(iter(outputs)), str)
+        and first
+        and output.startswith(first)
+    ):  # every test says what the whole says: nothing of it ran (harness.jobs.grade.grade)
+        rejected = printable(first)
+        tests = [TestLine(t.name, False, Outcome.ERROR.value) for t in tests]  # as grade-batch's
+    passed = bool(tests) and all(t.passed for t in tests) and not error
+    return Graded(submission, score, sum(m for _, _, m in lines), passed, tests, rejected, error)
+
+
+def results_files(folder: Path, patterns: Sequence[str] = PATTERNS) -> Iterator[Path]:
+    """Every file under `folder` (recursively, links not followed) matching a pattern, by path."""
+    found = {p for pattern in patterns for p in folder.rglob(pattern) if p.is_file()}
+    yield from sorted(p for p in found if not p.is_symlink())
+
+
+def submission_name(path: Path, folder: Path) -> str:
+    """A results file's submission: the folder holding a results.json (Gradescope's export
+    holds one per submission), else the file's name without `.gradescope.json` / `.json`."""
+    relative = path.relative_to(folder)
+    if path.name == "results.json":
+        parent = relative.parent
+        if parent.name == "results" and parent.parent != Path("."):  # .../results/results.json
+            parent = parent.parent
+        return str(parent) if parent != Path(".") else folder.name
+    for suffix in (".gradescope.json", ".json"):
+        if relative.name.endswith(suffix) and relative.name != suffix:
+            return str(relative)[: -len(suffix)]
+    return str(relative)
+
+
+def summarize_folder(
+    folder: Path, patterns: Sequence[str] = PATTERNS
+) -> tuple[list[Graded], list[tuple[Path, str]]]:
+    """Every results file under `folder` read: the grades, and each skipped file with why."""
+    grades, skipped = [], []
+    for path in results_files(folder, patterns):
+        try:
+            grades.append(read_results(path, submission_name(path, folder)))
+        except NotResults as e:
+            skipped.append((path, str(e)))
+    return grades, skipped
+
+
+# --- xfmr summarize ------------------------------------------------------------------------------
+
+
+def configure_summarize(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = (
+        "exit status: 0 every file read; 1 some files skipped (each named); 2 nothing to "
+        "summarize (no such folder, no results file, none readable) or a report not written"
+    )
+    parser.add_argument("folder", help="a folder of collected results.json files (recursively)")
+    parser.add_argument(
+        "--out", metavar="DIR", help="also write grades.csv and hardest_tests.csv there"
+    )
+    parser.add_argument("--markdown", metavar="FILE", help="both tables as Markdown")
+    parser.add_argument(
+        "--glob",
+        action="append",
+        metavar="PATTERN",
+        help=f"which files to read (repeatable; default {' and '.join(PATTERNS)})",
+    )
+
+
+def run_summarize(args: argparse.Namespace) -> int:
+    folder = Path(args.folder)
+    if not folder.is_dir():
+        return usage_error("summarize", f"{folder} is not a folder")
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            return usage_error("summarize", f"cannot create {out}: {e.strerror or e}")
+    paths = [out / "grades.csv", out / "hardest_tests.csv"] if out else []
+    for path in [*paths, *([args.markdown] if args.markdown else [])]:
+        if problem := report_path_problem(path):
+            return usage_error("summarize", f"cannot write a report: {problem}")
+    patterns = tuple(args.glob or PATTERNS)
+    grades, skipped = summarize_folder(folder, patterns)
+    if grades:
+        print(summary_text(grades))
+    for path, why in skipped:
+        print(f"skipped {printable(str(path))}: {printable(why)}")
+    if not grades:
+        return usage_error(
+            "summarize", f"no results file to summarize in {folder} ({len(skipped)} skipped)"
+        )
+    print(f"\nread {len(grades)} results files, skipped {len(skipped)}")
+    written = write_all(
+        "summarize",
+        [
+            (paths[0] if out else None, lambda: to_csv(batch_table(grades))),
+            (paths[1] if out else None, lambda: to_csv(hardest(grades))),
+            (args.markdown, lambda: markdown(grades)),
+        ],
+    )
+    if out:
+        print(f"wrote {out}/grades.csv and {out}/hardest_tests.csv")
+    if not written:
+        return 2
+    return 1 if skipped else 0
