@@ -39,6 +39,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "harness.jobs.mutation_score",
         "score a student's test suite by mutants killed",
     ),
+    "check": (
+        "harness.selfcheck",
+        "a student's self-check (no sandbox, not a grade): the shared tests, --suite: mutants",
+    ),
     "warm-server": (
         "harness.tools.warm_server",
         "start, inspect or stop the warm fork server that --incremental keeps between runs",

@@ -1,0 +1,285 @@
+"""`pytest --xfmr transformer.py`: the self-check as a pytest plugin (the `pytest11` entry point
+`xfmr`; inert unless --xfmr is given).
+
+- **The shared tests as pytest items.** The implementation named by --xfmr is collected as a
+  file of the shared tests, one item each (`transformer.py::test_golden_torch`), each run and
+  judged as `xfmr check` runs and judges it (harness.selfcheck.Runner: the grader's engine,
+  workers as plain subprocesses, no sandbox), failing with the grader's message and diagnosis.
+  `pytest --xfmr transformer.py` with no other path runs just those; with paths, name the
+  implementation among them to run them too; --xfmr-tests picks some.
+- **A student's own suite** gets what the grader's workers give it (as in `xfmr mutation-score`,
+  harness.isolation.child.student_suite): the implementation importable as
+  `tinyllm.xfmr.transformer` (--xfmr-module changes it), the session fixture `transformer`, and
+  the grader's Hypothesis profile (derandomized, no deadline, no database), which wins over a
+  conftest's.
+
+Everything here is a self-check of trusted code, not a grade: the header and the summary say so.
+Nothing heavy is imported unless --xfmr is given, so the plugin costs the project's own
+`pytest` run nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+MODULE = "tinyllm.xfmr.transformer"  # the module path a suite imports (as mutation-score's)
+# The grader's profile for a student's suite: harness.isolation.child.student_suite registers
+# the same one (tests/harness_tests/test_selfcheck.py holds them equal)
+PROFILE = "xfmr-mutation-score"
+PROFILE_SETTINGS: dict[str, Any] = {
+    "derandomize": True,
+    "deadline": None,
+    "database": None,
+    "print_blob": False,
+}
+
+_ACTIVE = pytest.StashKey["_Active"]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("xfmr", "xfmr self-check (your own code, no sandbox, not a grade)")
+    group.addoption(
+        "--xfmr",
+        metavar="IMPL",
+        help="your transformer.py (a file, a package, or its folder): collected, it runs the "
+        "shared tests as items; your suite gets it as the fixture `transformer` and as the "
+        "module tinyllm.xfmr.transformer, under the grader's Hypothesis profile",
+    )
+    group.addoption(
+        "--xfmr-module",
+        default=MODULE,
+        metavar="NAME",
+        help=f"the module path your suite imports the implementation from ({MODULE})",
+    )
+    group.addoption(
+        "--xfmr-tests", metavar="NAMES", help="comma-separated shared tests to collect (all)"
+    )
+
+
+def _anchor(path: Path) -> Path:
+    """The file the shared tests are collected from: the implementation's file, a package's
+    __init__.py, or the transformer.py in a plain folder (as the grader picks it)."""
+    if path.is_dir():
+        if (path / "__init__.py").is_file():
+            return path / "__init__.py"
+        if (path / "transformer.py").is_file():
+            return path / "transformer.py"
+    return path
+
+
+def _target(path: Path) -> Path:
+    """What is loaded: a file, or a package's folder."""
+    if path.is_dir() and not (path / "__init__.py").is_file():
+        return path / "transformer.py"
+    return path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> None:
+    """`pytest --xfmr transformer.py` alone: collect the implementation itself (its shared
+    tests), not the project's testpaths or the current folder."""
+    known = early_config.known_args_namespace
+    impl = getattr(known, "xfmr", None)
+    if impl and not known.file_or_dir:
+        anchor = str(_anchor(Path(impl)))
+        args.append(anchor)
+        known.file_or_dir = [anchor]
+
+
+class _Active:
+    """The plugin's state in a run with --xfmr."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        given = Path(config.option.xfmr)
+        if not given.exists():
+            raise pytest.UsageError(f"--xfmr: {given} does not exist")
+        self.given = given
+        self.target = _target(given).resolve()
+        self.anchor = _anchor(given).resolve()
+        self.module = config.option.xfmr_module
+        self.names = [n for n in (config.option.xfmr_tests or "").split(",") if n]
+        self.runner: Any = None  # harness.selfcheck.Runner, made at the first shared item
+        self.finders = [_Subject(self.module, self.target), _Parents(self.module)]
+
+    def tests(self) -> list[Any]:
+        from harness.shared_tests.laws import SHARED_TESTS
+
+        unknown = sorted(set(self.names) - {t.name for t in SHARED_TESTS})
+        if unknown:
+            known = [t.name for t in SHARED_TESTS]
+            raise pytest.UsageError(f"--xfmr-tests: unknown {unknown}; known: {known}")
+        return [t for t in SHARED_TESTS if not self.names or t.name in self.names]
+
+    def run(self, test: Any) -> Any:
+        if self.runner is None:
+            from harness.selfcheck import Runner
+
+            self.runner = Runner(self.given)
+        return self.runner.run(test)
+
+
+class _Subject(importlib.abc.MetaPathFinder):
+    """Finds the implementation under the suite's module path (first on sys.meta_path, so it
+    wins over an installed package of that name)."""
+
+    def __init__(self, name: str, target: Path) -> None:
+        self.name, self.target = name, target
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001 (importlib's signature)
+        if fullname != self.name:
+            return None
+        if self.target.is_dir():
+            return importlib.util.spec_from_file_location(
+                fullname, self.target / "__init__.py", submodule_search_locations=[str(self.target)]
+            )
+        return importlib.util.spec_from_file_location(fullname, self.target)
+
+
+class _Parents(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Empty parent packages of the module path (tinyllm, tinyllm.xfmr), last on sys.meta_path:
+    only where no real package of that name is found."""
+
+    def __init__(self, name: str) -> None:
+        parts = name.split(".")
+        self.parents = {".".join(parts[:i]) for i in range(1, len(parts))}
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001
+        if fullname in self.parents:
+            return importlib.util.spec_from_loader(fullname, self, is_package=True)
+        return None
+
+    def create_module(self, spec):  # noqa: ANN001
+        return None
+
+    def exec_module(self, module) -> None:  # noqa: ANN001
+        pass
+
+
+def _fixtures(module: str) -> ModuleType:
+    """A plugin holding the fixture the grader's workers give a student's suite."""
+
+    @pytest.fixture(name="transformer", scope="session")
+    def transformer() -> ModuleType:
+        return importlib.import_module(module)
+
+    plugin = ModuleType("xfmr_fixtures")
+    plugin.transformer = transformer  # type: ignore[attr-defined]
+    return plugin
+
+
+def _load_profile() -> None:
+    try:
+        import hypothesis
+    except ImportError:  # a suite without Hypothesis needs no profile
+        return
+    hypothesis.settings.register_profile(PROFILE, **PROFILE_SETTINGS)
+    hypothesis.settings.load_profile(PROFILE)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not getattr(config.option, "xfmr", None):
+        return
+    active = _Active(config)
+    config.stash[_ACTIVE] = active
+    sys.meta_path.insert(0, active.finders[0])
+    sys.meta_path.append(active.finders[1])
+    config.pluginmanager.register(_fixtures(active.module), "xfmr-fixtures")
+    _load_profile()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    active = config.stash.get(_ACTIVE, None)
+    if active is None:
+        return
+    if active.runner is not None:
+        active.runner.close()
+    for finder in active.finders:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+
+
+def pytest_report_header(config: pytest.Config) -> list[str] | None:
+    active = config.stash.get(_ACTIVE, None)
+    if active is None:
+        return None
+    return [
+        f"xfmr: self-check of {active.given} (your own code in plain subprocesses, no sandbox; "
+        "not a grade)",
+        f"xfmr: your suite imports it as {active.module} or takes the fixture `transformer`",
+    ]
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config) -> None:
+    if config.stash.get(_ACTIVE, None) is not None:
+        _load_profile()  # a conftest may have loaded its own profile: the grader's wins
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    active = parent.config.stash.get(_ACTIVE, None)
+    if active is not None and file_path.resolve() == active.anchor:
+        return SharedTests.from_parent(parent, path=file_path)
+    return None
+
+
+class SharedTests(pytest.File):
+    """The implementation's file, as the shared tests on it."""
+
+    def collect(self):  # noqa: ANN201
+        for test in self.config.stash[_ACTIVE].tests():
+            yield SharedTest.from_parent(self, name=test.name, test=test)
+
+
+class SharedTestFailed(Exception):
+    """A shared test failed; the message is the grader's."""
+
+
+class SharedTest(pytest.Item):
+    """One shared test on the implementation."""
+
+    def __init__(self, *, test: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.test = test
+        self.user_properties.append(("law", test.law))
+
+    def runtest(self) -> None:
+        result = self.config.stash[_ACTIVE].run(self.test)
+        self.user_properties.append(("score", f"{result.score:g}/{result.max_score:g}"))
+        if result.passed:
+            return
+        if result.outcome == "not applicable":
+            pytest.skip(result.message)
+        raise SharedTestFailed(result.message)
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:  # noqa: ANN001
+        if isinstance(excinfo.value, SharedTestFailed):
+            return f"{excinfo.value}\n(the law of {self.test.name}: {self.test.law})"
+        return str(super().repr_failure(excinfo, style))
+
+    def reportinfo(self) -> tuple[Path, int | None, str]:
+        return self.path, None, f"xfmr shared test {self.name}"
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    active = config.stash.get(_ACTIVE, None)
+    if active is None or active.runner is None or not active.runner.results:
+        return
+    results = list(active.runner.results.values())
+    score = sum(r.score for r in results)
+    most = sum(r.max_score for r in results)
+    passed = sum(r.passed for r in results)
+    terminalreporter.write_sep("-", "xfmr self-check (not a grade)")
+    terminalreporter.write_line(
+        f"Score: {score:g}/{most:g} ({passed}/{len(results)} shared tests passed); your own code "
+        "in plain subprocesses, no sandbox: the course grades your submitted file in its sandbox"
+    )

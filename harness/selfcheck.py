@@ -1,0 +1,439 @@
+"""`xfmr check`: a student's self-check, on their own code and their own machine.
+
+`xfmr check transformer.py` runs the shared tests as `xfmr grade` does: the same engine
+(harness.engine.run_subject), the same workers, probes and checks, the same messages, the same
+forward-pass diagnosis and the same text. `xfmr check --suite tests/` scores the student's own
+pytest suite by the pitfall mutants it kills, as `xfmr mutation-score` does, with its report.
+
+What differs is the trust: the code is the student's own, run by the student on their own
+laptop, so no sandbox walls it in and nothing of bubblewrap, os.fork or AF_UNIX SOCK_SEQPACKET
+is used (Linux, macOS and Windows alike): each worker is a plain subprocess
+(harness.isolation.local). A self-check is therefore not a grade, and every report says so: the
+course's grade runs the same tests on the submitted file in the sandbox.
+
+This is a front end over two jobs (like harness.cli), not a job: it uses grade's and
+mutation-score's verdicts and reports, and the jobs never import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import random
+import secrets
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from harness import work
+from harness.engine import Cell, Launch, run_subject, run_test, unjudgeable
+from harness.isolation.local import confinement, local, workspace
+from harness.isolation.sandbox import UnsafeInput, staged
+from harness.isolation.worker import (
+    LOAD_TIMEOUT,
+    SubjectRaised,
+    Worker,
+    WorkerDied,
+    WorkerTimeout,
+    printable,
+)
+from harness.jobs import grade as grading
+from harness.jobs import mutation_score as scoring
+from harness.options import positive, usage_error
+from harness.outcomes import Outcome
+from harness.reports.writer import report_path_problem, write_all
+from harness.shared_tests.laws import SHARED_TESTS
+from harness.shared_tests.record import Test
+from harness.subjects import Kind, Subject
+
+# How a self-check's workers ran: every report of one says so (the grade's `isolation` field).
+SELF_CHECK = "SELF-CHECK, not a grade: your own code, run on this machine without a sandbox"
+
+
+def load_path(path: Path) -> Path:
+    """What a worker loads: the student's own file (or package), where it is, so messages name
+    it."""
+    return path.resolve()
+
+
+def folder_of(shown: Path, main: Path) -> Path | None:
+    """The student's folder when they named one (a folder without __init__.py holding their
+    main module): its other files are theirs too."""
+    if shown.is_dir() and not shown.is_symlink() and main != shown:
+        return shown.resolve()
+    return None
+
+
+@contextmanager
+def launching(
+    path: Path, load_timeout: float = LOAD_TIMEOUT, folder: Path | None = None
+) -> Iterator[Launch]:
+    """How the self-check's workers on `path` start: plain subprocesses in a private folder,
+    the submission's folder on their import path (its own helper modules import)."""
+    target = load_path(path)
+    with workspace() as work_folder:
+        start = local(work_folder, (str(folder or target.parent),))
+        spec = {"path": str(target)}
+        if folder is not None:  # loaded as the grader loads a student's folder
+            spec["folder"] = str(folder)
+        yield Launch(start, spec, ("probes",), confinement(work_folder), load_timeout)
+
+
+def check(
+    path: str | Path, tests: Sequence[Test] = SHARED_TESTS, time_limit: float | None = None
+) -> grading.Grade:
+    """`tests` on the student's code at `path` (a .py file, a package, or a folder holding
+    transformer.py), judged as grade.grade judges a submission: the same rejections, cells,
+    messages and diagnosis; only the workers are plain subprocesses (SELF_CHECK)."""
+    start = time.monotonic()
+    path = Path(path)
+    if time_limit is not None:
+        tests = [replace(t, timeout=min(t.timeout, time_limit)) for t in tests]
+    load_timeout = time_limit if time_limit is not None else LOAD_TIMEOUT
+    shown, path = path, grading.submitted(path)
+
+    def failing(reason: str) -> list[grading.TestResult]:
+        error = Outcome.ERROR.value
+        return [
+            grading.TestResult(t.name, t.law, error, 0.0, t.points, reason, 0.0, t.visibility)
+            for t in tests
+        ]
+
+    def seconds() -> float:
+        return time.monotonic() - start
+
+    if rejected := grading.rejection(path):
+        return grading.Grade(str(shown), failing(rejected), rejected, {}, seconds(), SELF_CHECK)
+    try:
+        with launching(path, load_timeout, folder_of(shown, path)) as launch:
+            subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
+            cells, starts = run_subject(subject, tests, lambda t, c: None, lambda s: launch)
+            values = [t for t in tests if t.values]
+            failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)
+            found = grading._diagnose(launch) if failed else {}
+    except Exception as e:  # the checker's own failure: said, never raised
+        reason = f"grader error while checking this code: {type(e).__name__}: {e}"
+        g = grading.Grade(str(shown), failing(reason), "", {}, seconds(), SELF_CHECK)
+        g.error = traceback.format_exc()
+        return g
+    results = _results(tests, cells, found)
+    return grading.Grade(
+        str(shown), results, "", found, seconds(), SELF_CHECK, start_seconds=starts
+    )
+
+
+def _results(
+    tests: Sequence[Test], cells: dict[str, Cell], found: dict[str, str]
+) -> list[grading.TestResult]:
+    """Each test's line, the diagnosis said once under the first failed value test (as a grade
+    says it)."""
+    results: list[grading.TestResult] = []
+    told = ""
+    for t in tests:
+        results.append(grading._result(t, cells[t.name], found, told))
+        if t.values and found and not results[-1].passed and not told:
+            told = t.name
+    return results
+
+
+def text(g: grading.Grade) -> str:
+    """A grade's text, headed as the self-check it is."""
+    lines = grading.text(g).splitlines()
+    lines[0] = f"Self-check of {printable(g.submission)} (not a grade)"
+    return "\n".join(lines)
+
+
+class Runner:
+    """The shared tests one at a time on the student's code, for `pytest --xfmr` (one pytest
+    item each), as run_subject runs them: one worker for them all, a fresh one after a timeout
+    or a crash, a load failure every test's; each result is the grade's line for that test, the
+    diagnosis with the first failed value test and pointed to from the later ones."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = grading.submitted(Path(path))
+        self.folder = folder_of(Path(path), self.path)
+        self.rejected = grading.rejection(self.path)
+        self._launch: contextlib.ExitStack | None = None
+        self.launch: Launch | None = None
+        self.worker: Worker | None = None
+        self.load_failure: Cell | None = None
+        self.found: dict[str, str] = {}
+        self.told = ""  # the value test whose message carries the diagnosis
+        self.results: dict[str, grading.TestResult] = {}
+        self.starts: list[float] = []
+
+    def run(self, test: Test) -> grading.TestResult:
+        if self.rejected:
+            cell = Cell(Outcome.ERROR, self.rejected)
+        else:
+            cell = self._cell(test)
+        if test.values and cell.outcome is Outcome.KILLED and not self.found:
+            assert self.launch is not None
+            self.found = grading._diagnose(self.launch)
+        result = grading._result(test, cell, self.found, self.told)
+        if self.rejected:  # nothing ran: said as a grade says it, without the outcome's word
+            result.message = self.rejected
+        if test.values and self.found and not result.passed and not self.told:
+            self.told = test.name
+        self.results[test.name] = result
+        return result
+
+    def _cell(self, test: Test) -> Cell:
+        if self.launch is None:
+            self._launch = contextlib.ExitStack()
+            self.launch = self._launch.enter_context(launching(self.path, folder=self.folder))
+        if self.load_failure is not None:
+            return self.load_failure
+        if self.worker is None:
+            begun = time.monotonic()
+            try:
+                self.worker = self.launch.worker()
+            except SubjectRaised as e:
+                self.load_failure = Cell(Outcome.KILLED, str(e), time.monotonic() - begun)
+            except WorkerTimeout:
+                took = time.monotonic() - begun
+                self.load_failure = Cell(
+                    Outcome.TIMEOUT, f"loading took over {took:.0f} s; killed", took
+                )
+            except WorkerDied as e:
+                self.load_failure = Cell(Outcome.ERROR, f"load: {e}", time.monotonic() - begun)
+            self.starts.append(time.monotonic() - begun)
+            if self.load_failure is not None:
+                return self.load_failure
+        assert self.worker is not None
+        cell = run_test(test, self.worker)
+        if cell.outcome in (Outcome.TIMEOUT, Outcome.ERROR):
+            self.worker.close()
+            self.worker = None
+        return cell
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+        if self._launch is not None:
+            self._launch.close()
+            self._launch = None
+
+
+# --- the student's own suite ------------------------------------------------------------------
+
+
+def run_suite_on(
+    source: str, tests_dir: Path, module_name: str, time_limit: float, memory_mb: int = 2048
+) -> scoring.SubjectRun:
+    """The suite on one subject's source, as mutation_score.run_on runs it (a private copy of
+    the suite and the subject, the same probe, restarting after a test that hangs or crashes),
+    in plain subprocesses."""
+    start = time.monotonic()
+    out = scoring.SubjectRun()
+    with staged({"tests": tests_dir}, {"subject.py": source}) as stage:
+        launch = Launch(
+            local(stage),
+            {"path": str(stage / "subject.py")},
+            ("probes", "student_suite"),
+            confinement(stage, memory_mb),
+            scoring.COLLECT_TIMEOUT,
+        )
+        while True:
+            out.workers += 1
+            events = scoring._Events(out, time_limit)
+            begun = time.monotonic()
+            try:
+                worker = launch.worker()
+            except (WorkerDied, WorkerTimeout, SubjectRaised) as e:
+                out.error = f"the subject did not load: {e}"
+                break
+            finally:
+                out.start_seconds.append(round(time.monotonic() - begun, 3))
+            try:
+                inputs = {
+                    "tests_dir": str(stage / "tests"),
+                    "module_name": module_name,
+                    "skip": list(out.cells),
+                }
+                request = {"op": "call", "probe": "student_suite", "inputs": inputs}
+                reply = worker.stream(request, events.due, events.on_event)
+                code = reply.get("exit") if isinstance(reply, dict) else None
+                if code not in (0, 1) and not out.cells:
+                    said = printable(worker.output_tail(3000))
+                    out.error = f"pytest exited with status {code} and ran no test:\n{said}"
+                break
+            except WorkerTimeout:
+                if events.current is None:
+                    out.error = f"no test started within {scoring.COLLECT_TIMEOUT:g} s (collecting)"
+                    break
+                out.cells[events.current] = Cell(
+                    Outcome.TIMEOUT, f"no result within {time_limit:g} s"
+                )
+            except (WorkerDied, SubjectRaised) as e:
+                if events.current is None:
+                    out.error = str(e)
+                    break
+                out.cells[events.current] = Cell(Outcome.ERROR, f"the test killed its process: {e}")
+            except Exception as e:
+                out.error = unjudgeable(e)
+                break
+            finally:
+                worker.close()
+    out.seconds = time.monotonic() - start
+    return out
+
+
+def suite_check(
+    tests_dir: str | Path,
+    module_name: str = scoring.MODULE,
+    time_limit: float = scoring.TEST_TIMEOUT,
+    jobs: int | None = None,
+    progress: Callable[[str, scoring.SubjectRun], None] | None = None,
+) -> scoring.Score:
+    """The suite's mutation score, as mutation_score.mutation_score gives it: the same subjects
+    (impl, the torch copy, s01-s11), rewritten afresh and run in a secret order, the correct ones
+    first, scored by the same rules; each subject in plain subprocesses."""
+    tests_dir = Path(tests_dir).resolve()
+    if not tests_dir.is_dir():
+        raise FileNotFoundError(f"--suite must be a folder of pytest files, got {tests_dir}")
+    started = time.monotonic()
+    subs = scoring.subjects()
+    secret = random.Random(secrets.randbits(64))
+    sources = {s.name: scoring.subject_source(s, secret) for s in subs}
+    correct = [s for s in subs if s.is_correct]
+    mutants = [s for s in subs if not s.is_correct]
+    lock = threading.Lock()
+    executor = work.LocalExecutor(jobs)
+    runs: dict[str, scoring.SubjectRun] = {}
+    for wave in (secret.sample(correct, len(correct)), secret.sample(mutants, len(mutants))):
+
+        def one(s: Subject) -> work.Unit[scoring.SubjectRun]:
+            def run() -> scoring.SubjectRun:
+                return run_suite_on(sources[s.name], tests_dir, module_name, time_limit)
+
+            def local_only(payload: Any) -> Any:
+                raise RuntimeError("a self-check runs on this machine only")
+
+            lost = lambda why: scoring.SubjectRun(error=why)  # noqa: E731
+            return work.Unit(s.name, run, local_only, dict, lambda d: d, lost)
+
+        def done(i: int, r: scoring.SubjectRun, wave: list[Subject] = wave) -> None:
+            if progress is not None:
+                with lock:
+                    progress(wave[i].name, r)
+
+        results = executor.run([one(s) for s in wave], done)
+        runs.update(zip([s.name for s in wave], results, strict=True))
+        impl = runs["impl"]
+        if not impl.collected or (impl.error and not impl.cells):
+            raise scoring.SuiteBroken(impl.error or "pytest collected no test on impl")
+    return scoring._score(subs, runs, module_name, time_limit, time.monotonic() - started)
+
+
+def suite_text(s: scoring.Score, tests_dir: str) -> str:
+    """mutation-score's text, headed as the self-check it is."""
+    lines = scoring.text(s, tests_dir).splitlines()
+    lines[0] = f"Self-check: {lines[0]}"
+    return "\n".join([lines[0], SELF_CHECK, *lines[1:]])
+
+
+# --- xfmr check -------------------------------------------------------------------------------
+
+
+def configure_check(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "A self-check of your own code on your own machine: the shared tests on your "
+        "transformer.py, and with --suite the mutation score of your own tests, judged exactly "
+        "as `xfmr grade` and `xfmr mutation-score` judge them, but run without a sandbox "
+        "(bubblewrap is not needed: Linux, macOS, Windows). Not a grade."
+    )
+    parser.epilog = (
+        "exit status: 0 every test passed (and the suite passed); 1 some test failed (or the "
+        "suite did not pass); 2 nothing was checked (bad options, a broken suite); 3 the "
+        "checker itself failed"
+    )
+    parser.add_argument(
+        "submission", nargs="?", help="your transformer.py (a file, a package, or its folder)"
+    )
+    parser.add_argument("--suite", metavar="DIR", help="your own pytest suite: its mutation score")
+    parser.add_argument(
+        "--module",
+        default=scoring.MODULE,
+        help=f"the module path your suite imports ({scoring.MODULE})",
+    )
+    parser.add_argument("--tests", metavar="NAMES", help="comma-separated shared tests to run")
+    parser.add_argument(
+        "--time-limit", type=positive(float), metavar="S", help="cap every test's limit (seconds)"
+    )
+    parser.add_argument("--json", metavar="FILE", help="the self-check's grade as JSON")
+    parser.add_argument("--suite-json", metavar="FILE", help="the suite's score as JSON")
+    parser.add_argument(
+        "--jobs", type=positive(int), default=None, help="subjects at once for --suite (CPUs)"
+    )
+
+
+def _selected(names: str | None) -> list[Test] | str:
+    if not names:
+        return list(SHARED_TESTS)
+    wanted = names.split(",")
+    unknown = sorted(set(wanted) - {t.name for t in SHARED_TESTS})
+    if unknown:
+        return f"--tests: unknown {unknown}; known: {[t.name for t in SHARED_TESTS]}"
+    return [t for t in SHARED_TESTS if t.name in wanted]
+
+
+def run_check(args: argparse.Namespace) -> int:
+    if not args.submission and not args.suite:
+        return usage_error("check", "name your transformer.py, or --suite DIR, or both")
+    for report in (args.json, args.suite_json):
+        if report and (problem := report_path_problem(report)):
+            return usage_error("check", f"cannot write a report: {problem}")
+    tests = _selected(args.tests)
+    if isinstance(tests, str):
+        return usage_error("check", tests)
+    statuses = []
+    if args.submission:
+        g = check(args.submission, tests, args.time_limit)
+        print(text(g), flush=True)
+        if g.error:
+            print(f"xfmr check: checker error (exit 3):\n{g.error}", file=sys.stderr)
+        written = write_all("check", [(args.json, lambda: grading.to_json(g))])
+        statuses.append(3 if g.error else 2 if not written else 0 if g.passed else 1)
+    if args.suite:
+        if args.submission:
+            print()
+        statuses.append(_run_suite(args))
+    return max(statuses)
+
+
+def _run_suite(args: argparse.Namespace) -> int:
+    def progress(name: str, r: scoring.SubjectRun) -> None:
+        print(f"  {name:<11} {len(r.cells)} tests, {r.seconds:5.1f} s", file=sys.stderr)
+
+    missing = [m for m in ("pytest", "hypothesis") if importlib.util.find_spec(m) is None]
+    if missing:  # the checker's own dependency, never the suite's fault
+        return usage_error(
+            "check",
+            f"--suite needs {' and '.join(missing)}, which this install lacks: "
+            "pip install -e '.[test]' (or pip install pytest hypothesis)",
+        )
+    time_limit = args.time_limit or scoring.TEST_TIMEOUT
+    try:
+        s = suite_check(args.suite, args.module, time_limit, args.jobs, progress)
+    except (FileNotFoundError, UnsafeInput) as e:
+        return usage_error("check", str(e))
+    except scoring.SuiteBroken as e:
+        return usage_error("check", f"the suite is broken, no mutant was run: {e}")
+    print(suite_text(s, args.suite))
+    written = write_all("check", [(args.suite_json, lambda: scoring.to_json(s))])
+    return 2 if not written else 0 if s.passed else 1
+
+
+if __name__ == "__main__":  # python -m harness.selfcheck: as `xfmr check`
+    parser = argparse.ArgumentParser(prog="xfmr check")
+    configure_check(parser)
+    sys.exit(run_check(parser.parse_args()))
