@@ -31,6 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "grade": ("harness.jobs.grade", "grade one untrusted submission against the shared tests"),
     "grade-batch": ("harness.jobs.grade", "grade every submission in a folder"),
+    "autograder": (
+        "harness.jobs.autograder",
+        "build the Gradescope autograder zip (xfmr autograder gradescope --out autograder.zip)",
+    ),
     "summarize": (
         "harness.reports.grades",
         "grade-batch's tables from a folder of collected Gradescope results.json files",

@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from harness.isolation.sandbox import Limits, SandboxUnavailable, check
+from harness.isolation.container import ContainerUnavailable
+from harness.isolation.sandbox import (
+    CONTAINER_TIER,
+    SANDBOX_TIER,
+    Limits,
+    SandboxUnavailable,
+    tier_check,
+)
 
 # How a run's workers ran; an unsafe run says so in every report.
 SANDBOX = "bubblewrap sandbox, one per worker"
+CONTAINER = "container tier: a dedicated unprivileged user, no namespaces (--isolation container)"
 UNSAFE = "UNSAFE: no sandbox (--unsafe-no-sandbox); for trusted code only"
 
 
@@ -23,20 +32,32 @@ def usage_error(command: str, message: str) -> int:
     return 2
 
 
-def isolation_problem(args: argparse.Namespace) -> str:
-    """Why untrusted code cannot run here ("" if it can): the sandbox's own trial, unless the
-    user explicitly chose to run without one."""
+def isolation_problem(args: argparse.Namespace, hidden: Sequence[Path] = ()) -> str:
+    """Why untrusted code cannot run here ("" if it can): the chosen tier's own trial
+    (args.isolation: the bubblewrap sandbox unless the container tier was chosen; `hidden`: the
+    reports' folders, which the container tier must show out of its user's reach), unless the
+    user explicitly chose to run trusted code without either."""
     if args.unsafe_no_sandbox:
         print(f"WARNING: {UNSAFE}", file=sys.stderr)
         return ""
+    tier = getattr(args, "isolation", SANDBOX_TIER)
     try:
-        check()
-    except SandboxUnavailable as e:
-        return (
-            f"refusing to run untrusted code: the sandbox cannot be set up ({e}). Install "
-            "bubblewrap (apt-get install -y bubblewrap) or, for trusted code only, pass "
-            "--unsafe-no-sandbox."
-        )
+        tier_check(tier, hidden)
+    except (SandboxUnavailable, ContainerUnavailable) as e:
+        if tier == CONTAINER_TIER:
+            fix = (
+                "The container tier needs root, its user (created by the autograder's setup.sh) "
+                "and the project and report folders out of that user's reach (see the README's "
+                "Gradescope section)."
+            )
+        else:
+            fix = (
+                "Install bubblewrap (apt-get install -y bubblewrap) where it is missing. Where it "
+                "cannot start (a container that masks /proc or forbids user namespaces, as "
+                "Docker does by default), choose the container tier explicitly: --isolation "
+                "container, as root, with its user (see the README's Gradescope section)."
+            )
+        return f"refusing to run untrusted code: the {tier} tier cannot be set up ({e}). {fix}"
     return ""
 
 

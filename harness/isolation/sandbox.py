@@ -29,12 +29,12 @@ import sys
 import sysconfig
 import tempfile
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.isolation import warm
+from harness.isolation import container, warm
 from harness.isolation.forkserver import forked
 from harness.isolation.worker import Process, Start, kill_group
 
@@ -290,13 +290,40 @@ def sandboxed(stage: Path, limits: Limits = DEFAULT_LIMITS) -> Start:
     return start
 
 
-def starter(stage: Path, limits: Limits, unsafe: bool = False) -> tuple[Start, Path]:
+SANDBOX_TIER, CONTAINER_TIER = "sandbox", "container"  # --isolation's choices
+TIERS = (SANDBOX_TIER, CONTAINER_TIER)
+
+
+def _container_code() -> container.Code:
+    """What a container-tier worker runs: this interpreter and the worker's own files."""
+    files = {rel: PROJECT_ROOT / rel for rel in (*CHILD_FILES, CHILD_PACKAGE)}
+    return container.Code(_interpreter(), tuple(_python_paths()), files, PROJECT_PACKAGES)
+
+
+def starter(
+    stage: Path, limits: Limits, unsafe: bool = False, isolation: str = SANDBOX_TIER
+) -> tuple[Start, Path]:
     """How an untrusted run's workers start on its staged input, and where they find it: in a
-    sandbox of their own at /sandbox; or, unsafe, forked from the trusted fork server (rlimits
-    only), at the stage itself."""
+    sandbox of their own at /sandbox; in the container tier (chosen, never a fallback) as the
+    dedicated user, at the stage itself (harness.isolation.container); or, unsafe, forked from
+    the trusted fork server (rlimits only), at the stage itself."""
     if unsafe:
         return forked, stage
+    if isolation == CONTAINER_TIER:
+        return container.contained(stage, _container_code()), stage
+    if isolation != SANDBOX_TIER:
+        raise ValueError(f"isolation is one of {TIERS}, not {isolation!r}")
     return sandboxed(stage, limits), Path(INPUT)
+
+
+def tier_check(isolation: str, hidden: Sequence[Path] = ()) -> None:
+    """Raise SandboxUnavailable / container.ContainerUnavailable unless the chosen tier can be
+    set up here (`hidden`: folders the container tier must show to be out of the user's reach,
+    the reports' folders)."""
+    if isolation == CONTAINER_TIER:
+        container.check(_container_code(), hidden)
+    else:
+        check()
 
 
 # What check() runs inside a trial sandbox: each line a property the sandbox must have.

@@ -28,8 +28,13 @@ import pandas as pd
 
 from harness import work
 from harness.engine import Cell, Launch, run_subject, unjudgeable
+from harness.isolation import container
 from harness.isolation.sandbox import (
+    CONTAINER_TIER,
     DEFAULT_LIMITS,
+    INPUT,
+    SANDBOX_TIER,
+    TIERS,
     Limits,
     UnsafeInput,
     staged,
@@ -44,6 +49,7 @@ from harness.isolation.worker import (
     printable,
 )
 from harness.options import (
+    CONTAINER,
     SANDBOX,
     UNSAFE,
     add_isolation,
@@ -53,6 +59,7 @@ from harness.options import (
 )
 from harness.outcomes import Outcome
 from harness.reports import grades as tables
+from harness.reports.gradescope import refusal
 from harness.reports.safe import to_csv
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.diagnosis import diagnose
@@ -114,8 +121,8 @@ class Grade:
 
 
 def submitted(path: Path) -> Path:
-    """What to grade in `path`: the file or package itself, or, in a folder without
-    __init__.py (Gradescope's /autograder/submission), its transformer.py or its one module."""
+    """What to load of `path`: the file or package itself, or, in a folder without __init__.py
+    (Gradescope's /autograder/submission), its transformer.py or its one module."""
     if not path.is_dir() or path.is_symlink() or (path / "__init__.py").is_file():
         return path
     if (path / "transformer.py").is_file():
@@ -124,8 +131,27 @@ def submitted(path: Path) -> Path:
     return modules[0] if len(modules) == 1 else path
 
 
-def rejection(path: Path) -> str:
-    """Why `path` cannot be graded at all, in the student's terms; "" if it can be run."""
+def folder_of(shown: Path, main: Path) -> Path | None:
+    """The student's folder when `shown` is one (a folder without __init__.py whose main module
+    submitted() found): every file in it is part of the submission; None for a file or a
+    package, which is the whole submission itself."""
+    if shown.is_dir() and not shown.is_symlink() and main != shown:
+        return shown
+    return None
+
+
+def staging(main: Path, folder: Path | None) -> dict[str, Path]:
+    """What is staged for the worker, each under its own name: every file and folder of the
+    student's folder (caches aside), or the file or package alone."""
+    if folder is None:
+        return {main.name: main}
+    entries = sorted(folder.iterdir(), key=lambda p: p.name)
+    return {p.name: p for p in entries if p.name != "__pycache__"}
+
+
+def rejection(path: Path, folder: Path | None = None) -> str:
+    """Why `path` cannot be graded at all, in the student's terms; "" if it can be run. With
+    `folder` (the student's folder `path` was found in), every .py file in it is checked."""
     if not path.exists() and not path.is_symlink():
         return f"{path} does not exist"
     if path.is_symlink():
@@ -141,7 +167,7 @@ def rejection(path: Path) -> str:
     elif path.suffix != ".py":
         return f"{path} is not a .py file"
     try:
-        problems = check_submission(path)
+        problems = check_submission(folder if folder is not None else path)
     except OSError as e:
         return f"{path} could not be read: {e.strerror or e}"
     parse = [p for p in problems if "does not parse" in p]
@@ -158,9 +184,12 @@ def grade(
     limits: Limits = DEFAULT_LIMITS,
     time_limit: float | None = None,
     unsafe: bool = False,
+    isolation: str = SANDBOX_TIER,
 ) -> Grade:
-    """Run `tests` on the submission at `path` (a .py file or a package directory), each of its
-    workers in a sandbox of its own (unsafe=True: forked without one, for trusted code only).
+    """Run `tests` on the submission at `path` (a .py file, a package directory, or a student's
+    folder holding transformer.py and its helper modules), each of its workers isolated as
+    `isolation` says: a sandbox of its own, or the container tier's dedicated user (unsafe=True:
+    forked without either, for trusted code only).
 
     Whatever the submission does, the answer is a Grade: an error of the grader's own while
     grading it becomes that submission's failing grade with the reason, never an exception."""
@@ -169,9 +198,10 @@ def grade(
     if time_limit is not None:  # a cap on every test's own limit
         tests = [replace(t, timeout=min(t.timeout, time_limit)) for t in tests]
     load_timeout = time_limit if time_limit is not None else LOAD_TIMEOUT
-    mode = UNSAFE if unsafe else SANDBOX
+    mode = UNSAFE if unsafe else CONTAINER if isolation == CONTAINER_TIER else SANDBOX
     shown, path = path, submitted(path)
-    rejected = rejection(path)
+    folder = folder_of(shown, path)
+    rejected = rejection(path, folder)
 
     def failing(reason: str) -> list[TestResult]:  # nothing judged: an error of every test
         error = Outcome.ERROR.value
@@ -183,20 +213,25 @@ def grade(
     if rejected:  # nothing of it ran: an error of every test, not a failed law
         results = failing(rejected)
         return Grade(str(shown), results, rejected, {}, time.monotonic() - start, mode)
-    name = "submission" if path.is_dir() else "submission.py"
+    inside = Path(INPUT)
     try:
-        with staged({name: path}) as stage:
-            start_worker, inside = starter(stage, limits, unsafe)
+        with staged(staging(path, folder)) as stage:
+            start_worker, inside = starter(stage, limits, unsafe, isolation)
 
             def launch(s: Subject) -> Launch:
-                spec = {"path": str(inside / name)}
+                # the student's folder first on the worker's import path: its modules import
+                spec = {"path": str(inside / path.name), "folder": str(inside)}
                 return Launch(start_worker, spec, ("probes",), limits.confine(), load_timeout)
 
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
-            cells, starts = run_subject(subject, tests, lambda test, cell: None, launch)
-            values = [t for t in tests if t.values]  # a failure there gets the diagnosis
-            failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)
-            found = _diagnose(launch(subject)) if failed else {}
+            try:
+                cells, starts = run_subject(subject, tests, lambda test, cell: None, launch)
+                values = [t for t in tests if t.values]  # a failure there gets the diagnosis
+                failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)
+                found = _diagnose(launch(subject)) if failed else {}
+            finally:
+                if isolation == CONTAINER_TIER and not unsafe:  # nothing of the user survives
+                    container.sweep(container.account(), os.path.realpath(sys.executable))
     except UnsafeInput as e:
         reason = f"rejected: {e}"
         results = failing(reason)
@@ -217,6 +252,10 @@ def grade(
         results.append(_result(t, cells[t.name], found, told))
         if t.values and found and not results[-1].passed and not told:
             told = t.name
+    # messages name the student's own files, not where the worker saw them
+    where = f"{inside}/"
+    results = [replace(r, message=r.message.replace(where, "")) for r in results]
+    found = {k: v.replace(where, "") for k, v in found.items()}
     seconds = time.monotonic() - start
     return Grade(str(shown), results, "", found, seconds, mode, start_seconds=starts)
 
@@ -331,11 +370,17 @@ def to_json(g: Grade) -> dict[str, Any]:
     }
 
 
+STAFF_FAULT = (
+    "GRADER ERROR: the grader failed while grading this submission; this is not a verdict on "
+    "your code, and its score of 0 stands only until course staff regrade it."
+)
+
+
 def _summary(g: Grade) -> str:
     if g.error:
         return (
-            "GRADER ERROR: the grader failed while grading this submission; this is not a "
-            "verdict on your code. Course staff have the details (exit status 3)."
+            f"{STAFF_FAULT}\nCourse staff: the autograder's output (stdout) has the traceback; "
+            "fix the cause or report it, then regrade this submission (xfmr grade exit status 3)."
         )
     return g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
 
@@ -344,11 +389,12 @@ def gradescope(
     g: Grade, visibility: str = "visible", stdout_visibility: str = "hidden"
 ) -> dict[str, Any]:
     """Gradescope's results.json (score, execution_time, output, visibility,
-    stdout_visibility, tests[] each with its own visibility from the test's record)."""
-    data = {
+    stdout_visibility, tests[] each with its own visibility from the test's record): always a
+    top-level score, 0 for a rejection or a grader fault (whose output tells staff what to do)."""
+    return {
         "score": g.score,
         "execution_time": round(g.seconds, 2),
-        "output": _summary(g) + ("" if g.isolation == SANDBOX else f"\n{g.isolation}"),
+        "output": _summary(g) + ("" if g.isolation != UNSAFE else f"\n{g.isolation}"),
         "output_format": "text",
         "visibility": visibility,
         "stdout_visibility": stdout_visibility,
@@ -365,11 +411,6 @@ def gradescope(
             for t in g.tests
         ],
     }
-    if g.error:  # no verdict: a score of 0 would read as one; staff re-run after the fix
-        del data["score"]
-        for t in data["tests"]:
-            del t["score"]
-    return data
 
 
 def junit(g: Grade) -> str:
@@ -436,15 +477,26 @@ def _selected(args: argparse.Namespace) -> list[Test]:
 def configure_grade(parser: argparse.ArgumentParser) -> None:
     parser.epilog = (
         "exit status: 0 every test passed; 1 some test failed (or the submission was rejected); "
-        "2 nothing was graded (bad options, an unwritable report path, no sandbox); 3 the "
-        "grader itself failed on the submission (the reports say so)"
+        "2 nothing was graded (bad options, an unwritable report path, no isolation: the "
+        "Gradescope report then says so); 3 the grader itself failed on the submission (the "
+        "reports say so)"
     )
-    parser.add_argument("submission", help="a .py file or a package directory")
+    parser.add_argument(
+        "submission", help="a .py file, a package directory, or a folder holding transformer.py"
+    )
     parser.add_argument("--json", metavar="FILE", help="the grade as JSON")
     parser.add_argument("--junit", metavar="FILE", help="JUnit XML for CI")
     parser.add_argument("--gradescope", metavar="FILE", help="Gradescope's results.json")
     _add_gradescope(parser)
     _add_limits(parser)
+    parser.add_argument(
+        "--isolation",
+        choices=TIERS,
+        default=SANDBOX_TIER,
+        help="how untrusted workers are isolated: a bubblewrap sandbox each (default), or the "
+        "container tier (root, as the dedicated user the autograder's setup.sh creates: where "
+        "bubblewrap cannot start); never chosen for you",
+    )
 
 
 def run_grade(args: argparse.Namespace) -> int:
@@ -452,10 +504,29 @@ def run_grade(args: argparse.Namespace) -> int:
     for path in reports:
         if problem := report_path_problem(path):
             return usage_error("grade", f"cannot write a report: {problem}")
-    if problem := isolation_problem(args):
+    hidden = sorted({Path(p).resolve().parent for p in reports})
+    if problem := isolation_problem(args, hidden):
+        if args.gradescope:  # the student's page says it was not graded, and staff read why
+            tests = _selected(args)
+            write_all(
+                "grade",
+                [
+                    (
+                        args.gradescope,
+                        lambda: refusal(tests, problem, args.visibility, args.stdout_visibility),
+                    )
+                ],
+            )
         return usage_error("grade", problem)
     limits = Limits(memory_mb=args.memory_mb)
-    g = grade(args.submission, _selected(args), limits, args.time_limit, args.unsafe_no_sandbox)
+    g = grade(
+        args.submission,
+        _selected(args),
+        limits,
+        args.time_limit,
+        args.unsafe_no_sandbox,
+        args.isolation,
+    )
     print(text(g))
     if g.error:
         print(f"xfmr grade: grader error (exit 3):\n{g.error}", file=sys.stderr)

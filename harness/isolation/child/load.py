@@ -13,13 +13,41 @@ from types import ModuleType
 from typing import Any
 
 MODULE = "xfmr_subject"  # the name every subject is loaded under
+# A submission's folder as a package, so that its files' relative imports resolve among them
+FOLDER = "xfmr_submission"
 
 
 def subject(spec: dict[str, Any]) -> ModuleType:
-    """{"path": file or package directory} or {"source": text, "filename": label}."""
+    """{"path": file or package directory, "folder": the submission's folder (optional)} or
+    {"source": text, "filename": label}."""
     if "source" in spec:
         return from_source(str(spec["source"]), str(spec.get("filename", "<subject>")))
+    if spec.get("folder"):
+        return from_folder(Path(spec["folder"]), Path(spec["path"]))
     return from_path(Path(spec["path"]))
+
+
+def from_folder(folder: Path, path: Path) -> ModuleType:
+    """A submission of several files: `path` (its main module, in `folder`) imported with the
+    folder first on sys.path, so `import schedule` finds the student's own schedule.py, and as a
+    module of the package FOLDER (the folder), so `from .schedule import x` does too."""
+    sys.path.insert(0, str(folder))
+    package = ModuleType(FOLDER)
+    package.__path__ = [str(folder)]
+    package.__file__ = None
+    package.__package__ = FOLDER
+    package.__spec__ = importlib.util.spec_from_loader(FOLDER, None, is_package=True)
+    package.__spec__.submodule_search_locations = [str(folder)]
+    sys.modules[FOLDER] = package
+    if path.is_dir():
+        return from_path(path)
+    spec = importlib.util.spec_from_file_location(f"{FOLDER}.{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load a module from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[MODULE] = sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def from_source(source: str, filename: str, name: str = MODULE) -> ModuleType:
