@@ -71,7 +71,7 @@ python_ok() {{  # a Python >= 3.11 that can make a venv
 
 if [ "${{XFMR_SKIP_INSTALL:-0}}" != 1 ]; then
     apt-get update
-    apt-get install -y --no-install-recommends bubblewrap ca-certificates passwd
+    apt-get install -y --no-install-recommends bubblewrap libseccomp2 ca-certificates passwd
     PYTHON=""
     for candidate in python3.13 python3.12 python3.11 python3; do
         if command -v "$candidate" >/dev/null && python_ok "$(command -v "$candidate")"; then
