@@ -106,6 +106,11 @@ class _Active:
         self.given = given
         self.target = _target(given).resolve()
         self.anchor = _anchor(given).resolve()
+        if self.anchor.is_dir() or not self.target.exists():
+            raise pytest.UsageError(
+                f"--xfmr: {given} is neither a .py file, nor a package, nor a folder holding "
+                "transformer.py"
+            )
         self.module = config.option.xfmr_module
         self.names = [n for n in (config.option.xfmr_tests or "").split(",") if n]
         self.runner: Any = None  # harness.selfcheck.Runner, made at the first shared item
@@ -225,11 +230,16 @@ def pytest_collection_modifyitems(config: pytest.Config) -> None:
         _load_profile()  # a conftest may have loaded its own profile: the grader's wins
 
 
-def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+@pytest.hookimpl(wrapper=True)
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Any:
+    """The implementation's file is the shared tests on it, and nothing else: not also a test
+    module that pytest would import here (a path given on the command line is collected
+    whatever its name)."""
+    collected = yield
     active = parent.config.stash.get(_ACTIVE, None)
     if active is not None and file_path.resolve() == active.anchor:
-        return SharedTests.from_parent(parent, path=file_path)
-    return None
+        return [SharedTests.from_parent(parent, path=file_path)]
+    return collected
 
 
 class SharedTests(pytest.File):

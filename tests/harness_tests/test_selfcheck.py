@@ -205,6 +205,26 @@ def test_the_plugins_profile_is_the_graders():
         assert getattr(graders, name) == value, name
 
 
-def test_check_refuses_nothing_to_check():
+def test_pytest_xfmr_never_imports_the_implementation_itself(tmp_path):
+    # the implementation is loaded only by workers (pytest would import a path it is given):
+    # one that raises at import fails each shared item with the grader's load message
+    mark = tmp_path / "imported"
+    boom = tmp_path / "boom.py"
+    boom.write_text(
+        "import sys\n"
+        f"open({str(mark)!r}, 'a').write(str('pytest' in sys.modules))\n"
+        "raise RuntimeError('boom at import')\n"
+    )
+    args = ["-m", "pytest", "--xfmr", str(boom), "--xfmr-tests", "test_hand_example_noam"]
+    done = run([*args, "-p", "no:cacheprovider"], without_bwrap())
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "failed: load: the subject raised RuntimeError: boom at import" in done.stdout
+    assert "1 failed" in done.stdout
+    assert mark.read_text() == "False"  # once, in a worker, never in pytest's process
+
+
+def test_nothing_to_check_is_a_usage_error(tmp_path):
     done = run(["-m", "harness.cli", "check"], without_bwrap())
     assert done.returncode == 2 and "name your transformer.py" in done.stderr
+    done = run(["-m", "pytest", "--xfmr", str(tmp_path), "-p", "no:cacheprovider"], os.environ)
+    assert done.returncode == 4 and "nor a folder holding transformer.py" in done.stderr
