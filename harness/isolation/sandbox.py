@@ -12,7 +12,31 @@ interpreter started by `bwrap` in new user, pid, mount, network, ipc, uts and cg
   a private copy of its input (the submission, or a subject and a student's suite);
 - a private tmpfs of TMP_MB as /tmp, its working directory and HOME;
 - killed with everything it started when the parent kills it or dies (--die-with-parent: its
-  pid namespace ends with its first process, and with it every process inside).
+  pid namespace ends with its first process, and with it every process inside);
+- a seccomp filter (harness.isolation.seccomp): keyrings, ptrace, bpf, perf, mounts, new
+  namespaces, modules, kexec, clocks, io_uring and the rest of Docker's default denials fail
+  with EPERM;
+- neutral paths: the interpreter's installation at PYTHON_HOME, each import folder outside it
+  at SITE + a number, the worker's code at LIB, the input at INPUT; the worker's output goes to
+  a memfd (harness.isolation.worker). sys.path, sys.executable, __file__, /proc/self/maps and
+  readlink of every descriptor name none of the grader's folders.
+
+What /proc/self/mountinfo shows. Its fourth field is each mount's source as a path inside the
+source's file system, which no bind mount can rename. So nothing is bound from the project or
+the virtualenv: site-packages is a tree of hard links (the same files, no copy) built once per
+state of site-packages under a neutral cache folder on the same file system (NEUTRAL_PLACES:
+/var/tmp/xfmr-neutral-UID/site-HASH), without the editable install's finder and .pth files,
+direct_url.json, the project's own packages and .dist-info; the worker's code is a copy there
+(lib-HASH).
+Hidden only where such a cache can be made: if no neutral place lies on site-packages' file
+system (or hard links are refused), site-packages is bound in place, its masked files covered
+by /dev/null, and mountinfo names its folder (`neutral_problem()` says why).
+What stays: mountinfo names the interpreter's installation (/root/.pyenv/versions/X or /usr:
+not the project's, the virtualenv's or the log's), the stage (/tmp/xfmr-stage-*) and the cache.
+And the bytes of the .pyc files that pip compiled in site-packages hold the path they were
+compiled at (co_filename, the virtualenv's site-packages): Python rewrites it on import, but a
+submission that reads a .pyc as data finds it. Hiding that would need every .pyc recompiled
+for the neutral path (16 000 files of torch and its kin, minutes of CPU per install).
 
 The worker then sets its own rlimits (harness.isolation.child.confine) before any subject code.
 If any of this cannot be set up, `check()` raises SandboxUnavailable: grading refuses rather
@@ -21,31 +45,43 @@ than run untrusted code without it (see --unsafe-no-sandbox).
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import sysconfig
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.isolation import container, warm
+from harness.isolation import container, seccomp, warm
 from harness.isolation.forkserver import forked
 from harness.isolation.worker import Process, Start, kill_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # The project's top-level packages: masked wherever the interpreter's paths hold them.
 PROJECT_PACKAGES = ("impl", "oracle", "harness", "mutants", "tasks", "demos")
+PROJECT_DIST = "xfmr_oracle"  # the project's distribution, as its .dist-info folder is named
 # What the worker may import of the project: its own package and the wire format.
 CHILD_FILES = ("harness/__init__.py", "harness/wire.py", "harness/isolation/__init__.py")
 CHILD_PACKAGE = "harness/isolation/child"
-LIB = "/xfmr"  # where the worker's own code is mounted inside
+OPT = "/opt/xfmr"  # everything of the grader's a sandbox sees, at fixed neutral paths
+PYTHON_HOME = f"{OPT}/python"  # the interpreter's installation (unless it is the system's /usr)
+SITE = f"{OPT}/site"  # each import folder outside it: SITE0, SITE1, ...
+LIB = f"{OPT}/lib"  # where the worker's own code is mounted inside
+# Where the neutral cache (hard-link trees of site-packages, a copy of the worker's code) may
+# live: the first of these on site-packages' file system, outside the project.
+NEUTRAL_PLACES = ("/var/tmp", "/tmp")
 INPUT = "/sandbox"  # where the run's private input is mounted inside
+PROC_MASKED = ("keys", "key-users", "timer_list", "sched_debug", "latency_stats", "kcore")
 UID = GID = 65534  # nobody, inside the sandbox's user namespace
 # From /etc, only what Python and pytest read (user names, time zone, the loader's cache).
 ETC = ("passwd", "group", "nsswitch.conf", "localtime", "ld.so.cache", "hosts")
@@ -126,6 +162,235 @@ def _inside(path: str | Path, folder: str | Path) -> bool:
     return Path(path).resolve().is_relative_to(Path(folder).resolve())
 
 
+def _import_paths() -> list[str]:
+    """The folders a worker imports from: stdlib, lib-dynload, purelib, platlib (platstdlib is
+    the stdlib's, or in a virtualenv the folder that only holds site-packages)."""
+    paths = sysconfig.get_paths()
+    found = [paths["stdlib"], os.path.join(paths["stdlib"], "lib-dynload")]
+    found += [paths["purelib"], paths["platlib"]]
+    unique: list[str] = []
+    for p in found:
+        if os.path.isdir(p) and p not in unique:
+            unique.append(p)
+    return unique
+
+
+def _masked(rel: str) -> bool:
+    """Files of an import folder (relative path) a sandbox must not see: they name the project
+    (the editable install's finder, compiled or not, and .pth files, an .egg-link,
+    direct_url.json) or are the project itself (a non-editable install of its packages, its
+    .dist-info with its entry points)."""
+    top, _, rest = rel.partition("/")
+    if top == "__pycache__":  # the finder's compiled copy names the project too
+        return rest.startswith("__editable__")
+    if not rest:
+        return (
+            top.startswith("__editable__")
+            or top.endswith((".pth", ".egg-link"))
+            or (top in PROJECT_PACKAGES)
+            or top.startswith(f"{PROJECT_DIST}-")  # its metadata and entry points
+        )
+    return top.endswith(".dist-info") and rest == "direct_url.json"
+
+
+def _tree(top: str, skip=lambda rel: False) -> list[tuple[str, str, int]]:
+    """(relative path, kind 'd'/'f'/'l', inode) of everything under `top` but `skip`, sorted;
+    other kinds (sockets, pipes, devices) are left out."""
+    found: list[tuple[str, str, int]] = []
+    stack = [""]
+    while stack:
+        rel = stack.pop()
+        with os.scandir(os.path.join(top, rel)) as entries:
+            for e in entries:
+                sub = f"{rel}/{e.name}" if rel else e.name
+                if skip(sub):
+                    continue
+                if e.is_symlink():
+                    found.append((sub, "l", e.inode()))
+                elif e.is_dir(follow_symlinks=False):
+                    found.append((sub, "d", e.inode()))
+                    stack.append(sub)
+                elif e.is_file(follow_symlinks=False):
+                    found.append((sub, "f", e.inode()))
+    return sorted(found)
+
+
+def _neutral_cache(device: int) -> Path | None:
+    """This user's neutral cache folder on file system `device` (made 0700), or None."""
+    for place in NEUTRAL_PLACES:
+        folder = Path(place) / f"xfmr-neutral-{os.getuid()}"
+        try:
+            if os.stat(place).st_dev != device or _inside(folder, PROJECT_ROOT):
+                continue
+            try:
+                folder.mkdir(mode=0o700)
+            except FileExistsError:
+                pass
+            info = os.lstat(folder)
+        except OSError:
+            continue
+        mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+        if mine and not info.st_mode & 0o077:
+            return folder
+    return None
+
+
+def _publish(build: Path, target: Path) -> Path:
+    """Move a finished `build` to `target` (another process may have won the race: keep its)."""
+    build.chmod(0o755)
+    try:
+        build.rename(target)
+    except OSError:
+        shutil.rmtree(build, ignore_errors=True)
+        if not target.is_dir():
+            raise
+    return target
+
+
+def _prune(cache: Path, days: float = 2.0) -> None:
+    """Remove the hard-link trees no process has used for `days` (site-packages has changed
+    since: a tree costs only its folders, but they add up)."""
+    for old in cache.glob("site-*"):
+        try:
+            if time.time() - old.stat().st_mtime > days * 86400:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def _linked(source: str) -> Path:
+    """A tree of hard links to `source` without its masked files, in the neutral cache: the
+    same files under a name that is no host path of the project's. OSError if none can be."""
+    cache = _neutral_cache(os.stat(source).st_dev)
+    if cache is None:
+        raise OSError(f"no folder of {NEUTRAL_PLACES} is this user's and on {source}'s device")
+    entries = _tree(source, _masked)
+    key = hashlib.sha256(repr((source, entries)).encode()).hexdigest()[:32]
+    target = cache / f"site-{key}"
+    if target.is_dir():
+        os.utime(target)  # in use: _prune keeps it
+        return target
+    _prune(cache)
+    build = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
+    try:
+        for rel, kind, _ in entries:
+            here = os.path.join(source, rel)
+            if kind == "d":
+                os.mkdir(build / rel)
+            elif kind == "f":
+                os.link(here, build / rel, follow_symlinks=False)
+            else:
+                os.symlink(os.readlink(here), build / rel)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    return _publish(build, target)
+
+
+def _worker_code() -> Path:
+    """A copy of the worker's own code (CHILD_FILES, CHILD_PACKAGE) in the neutral cache, by
+    content; OSError if there is no cache."""
+    files = [rel for rel in CHILD_FILES]
+    package = PROJECT_ROOT / CHILD_PACKAGE
+    skip = lambda rel: "__pycache__" in rel.split("/")  # noqa: E731
+    files += [f"{CHILD_PACKAGE}/{rel}" for rel, kind, _ in _tree(str(package), skip) if kind == "f"]
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        digest.update(f"{rel}\0".encode() + (PROJECT_ROOT / rel).read_bytes() + b"\0")
+    cache = _neutral_cache(os.stat(PROJECT_ROOT).st_dev) or _neutral_cache(
+        os.stat(NEUTRAL_PLACES[0]).st_dev
+    )
+    if cache is None:
+        raise OSError(f"no folder of {NEUTRAL_PLACES} is this user's")
+    target = cache / f"lib-{digest.hexdigest()[:32]}"
+    if target.is_dir():
+        return target
+    build = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
+    try:
+        for rel in files:
+            (build / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(PROJECT_ROOT / rel, build / rel)
+    except BaseException:
+        shutil.rmtree(build, ignore_errors=True)
+        raise
+    return _publish(build, target)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a sandbox sees of the grader's installation, host paths mapped to neutral ones."""
+
+    binds: tuple[tuple[str, str], ...]  # (host source, path inside), read-only, in order
+    files_masked: tuple[str, ...]  # inside: covered by /dev/null
+    folders_masked: tuple[str, ...]  # inside: covered by an empty tmpfs
+    interpreter: str  # inside
+    paths: tuple[str, ...]  # sys.path inside, the worker's code first
+    env: tuple[tuple[str, str], ...]  # LD_LIBRARY_PATH where the interpreter moved
+    problem: str  # why some host path of the project still shows in mountinfo ("" if none)
+
+
+@functools.lru_cache(maxsize=1)
+def view() -> View:
+    """The neutral view, worked out once per process (a walk of site-packages, ~0.4 s; the
+    first time on a machine also its hard-link tree, a few seconds)."""
+    python = _interpreter()
+    home = str(Path(python).parent.parent)
+    system = any(_inside(home, top) for top in ("/usr", "/bin", "/lib"))
+    binds: list[tuple[str, str]] = []
+    files_masked: list[str] = []
+    folders_masked: list[str] = []
+    problems: list[str] = []
+
+    def inside(host: str) -> str:
+        return str(PYTHON_HOME / Path(host).relative_to(home)) if not system else host
+
+    if not system:
+        binds.append((home, PYTHON_HOME))
+    paths: list[str] = []
+    for folder in _import_paths():
+        if _inside(folder, home):
+            where = inside(folder)
+            shown = folder
+        else:
+            where = f"{SITE}{sum(w.startswith(SITE) for w in paths)}"
+            try:
+                shown = str(_linked(folder))
+            except OSError as e:
+                shown = folder
+                problems.append(f"{folder} is bound in place ({e})")
+            binds.append((shown, where))
+        paths.append(where)
+        if shown == folder:  # not a hard-link tree: mask in place
+            for rel, kind, _ in _tree(folder, lambda rel: rel.count("/") > 1):
+                if _masked(rel):
+                    (folders_masked if kind == "d" else files_masked).append(f"{where}/{rel}")
+    try:
+        lib = str(_worker_code())
+        binds.append((lib, LIB))
+    except OSError as e:
+        problems.append(f"the worker's code is bound from the project ({e})")
+        for rel in (*CHILD_FILES, CHILD_PACKAGE):
+            binds.append((str(PROJECT_ROOT / rel), f"{LIB}/{rel}"))
+    env = []
+    if not system and os.path.isdir(os.path.join(home, "lib")):
+        env.append(("LD_LIBRARY_PATH", f"{PYTHON_HOME}/lib"))  # its libpython's RUNPATH moved
+    return View(
+        binds=tuple(binds),
+        files_masked=tuple(files_masked),
+        folders_masked=tuple(folders_masked),
+        interpreter=str(Path(inside(python))) if not system else python,
+        paths=(LIB, *paths),
+        env=tuple(env),
+        problem="; ".join(problems),
+    )
+
+
+def neutral_problem() -> str:
+    """Why a host path of the project or the virtualenv still shows in a sandbox's mountinfo
+    ("" when none does)."""
+    return view().problem
+
+
 def mounts() -> list[str]:
     """bwrap's arguments for the read-only view (not the input), refusing any view that would
     show the project (a folder holding the project root is never mounted) or the warm fork
@@ -139,7 +404,7 @@ def mounts() -> list[str]:
     for name in ETC:
         args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
     python = _interpreter()
-    folders = [str(Path(python).parent.parent), *_python_paths()]
+    folders = [str(Path(python).parent.parent), *_import_paths()]
     runtime = warm.runtime_folder()
     for folder in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", *folders):
         if _inside(runtime, folder):
@@ -154,23 +419,27 @@ def mounts() -> list[str]:
                 f"the interpreter's folder {folder} holds the project ({PROJECT_ROOT}): a "
                 "sandbox would see the grader's source; install the project elsewhere"
             )
-        args += ["--ro-bind", folder, folder]
-        for package in PROJECT_PACKAGES:  # a non-editable install of this project
-            if os.path.isdir(os.path.join(folder, package)):
-                args += ["--tmpfs", os.path.join(folder, package)]
-    for rel in CHILD_FILES:
-        args += ["--ro-bind", str(PROJECT_ROOT / rel), f"{LIB}/{rel}"]
-    args += ["--ro-bind", str(PROJECT_ROOT / CHILD_PACKAGE), f"{LIB}/{CHILD_PACKAGE}"]
+    seen = view()
+    for source, where in seen.binds:
+        args += ["--ro-bind", source, where]
+    for where in seen.folders_masked:
+        args += ["--tmpfs", where]
+    for where in seen.files_masked:
+        args += ["--ro-bind", "/dev/null", where]
     return args
 
 
-def command(stage: Path, limits: Limits, code: str, *argv: str) -> list[str]:
-    """The bwrap command line running `python -c code argv...` on `stage` as /sandbox."""
+def command(
+    stage: Path, limits: Limits, code: str, *argv: str, seccomp_fd: int | None = None
+) -> list[str]:
+    """The bwrap command line running `python -c code argv...` on `stage` as /sandbox, under the
+    seccomp program bwrap reads from `seccomp_fd` (harness.isolation.seccomp.descriptor())."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         raise SandboxUnavailable(
             "bubblewrap (bwrap) is not installed: apt-get install -y bubblewrap"
         )
+    seen = view()
     env = {
         "PATH": "/usr/bin:/bin",
         "HOME": "/tmp",
@@ -178,6 +447,7 @@ def command(stage: Path, limits: Limits, code: str, *argv: str) -> list[str]:
         "LANG": "C.UTF-8",
         "OMP_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
+        **dict(seen.env),
     }
     args = [
         bwrap,
@@ -191,18 +461,23 @@ def command(stage: Path, limits: Limits, code: str, *argv: str) -> list[str]:
     args += ["--hostname", "sandbox", "--clearenv"]
     for key, value in env.items():
         args += ["--setenv", key, value]
-    # /tmp first: the read-only views below may lie under /tmp (a virtualenv in a CI checkout
-    # there) and must be mounted on top of the private tmpfs, not hidden by it
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    # /tmp first: nothing else is mounted under it now, but a view must never be hidden by it
     args += ["--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
     args += mounts()
     args += ["--ro-bind", str(stage), INPUT]
     args += ["--proc", "/proc", "--dev", "/dev"]
+    # the kernel-wide files of /proc Docker masks too: keyrings' descriptions, timers, debug
+    for name in PROC_MASKED:
+        if os.path.exists(f"/proc/{name}"):
+            args += ["--ro-bind", "/dev/null", f"/proc/{name}"]
     # the sandbox's own root (where the mount points were made) read-only too
     args += ["--chdir", "/tmp", "--remount-ro", "/"]
     # -I: no environment, no user site, no script folder; -S: no site (no .pth file runs);
     # -B: nothing written next to the sources
-    boot = f"import sys; sys.path[:0] = {[LIB, *_python_paths()]!r}\n{code}"
-    return [*args, "--", _interpreter(), "-I", "-S", "-B", "-c", boot, *argv]
+    boot = f"import sys; sys.path[:0] = {list(seen.paths)!r}\n{code}"
+    return [*args, "--", seen.interpreter, "-I", "-S", "-B", "-c", boot, *argv]
 
 
 # --- staging an input ---------------------------------------------------------------------------
@@ -267,6 +542,13 @@ class _Sandboxed:
         pass
 
 
+def _seccomp_descriptor() -> int:
+    try:
+        return seccomp.descriptor()
+    except seccomp.SeccompUnavailable as e:
+        raise SandboxUnavailable(str(e)) from None
+
+
 SERVE = "from harness.isolation.child import serve\nserve.serve(int(sys.argv[1]), int(sys.argv[2]))"
 
 
@@ -275,16 +557,20 @@ def sandboxed(stage: Path, limits: Limits = DEFAULT_LIMITS) -> Start:
     check()
 
     def start(request_fd: int, reply_fd: int, log_fd: int) -> Process:
-        proc = subprocess.Popen(
-            command(stage, limits, SERVE, str(request_fd), str(reply_fd)),
-            pass_fds=(request_fd, reply_fd),
-            stdin=subprocess.DEVNULL,
-            stdout=log_fd,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            cwd="/",
-            env={},
-        )
+        rules = _seccomp_descriptor()
+        try:
+            proc = subprocess.Popen(
+                command(stage, limits, SERVE, str(request_fd), str(reply_fd), seccomp_fd=rules),
+                pass_fds=(request_fd, reply_fd, rules),
+                stdin=subprocess.DEVNULL,
+                stdout=log_fd,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd="/",
+                env={},
+            )
+        finally:
+            os.close(rules)
         return _Sandboxed(proc)
 
     return start
@@ -328,8 +614,15 @@ def tier_check(isolation: str, hidden: Sequence[Path] = ()) -> None:
 
 # What check() runs inside a trial sandbox: each line a property the sandbox must have.
 _PROBE = """
-import os, socket
+import ctypes, errno, os, socket
+# the seccomp filter holds: keyctl(KEYCTL_GET_KEYRING_ID, session keyring) fails with EPERM
+libc = ctypes.CDLL(None, use_errno=True)
+got = libc.syscall(int(sys.argv[2]), 0, -3, 0)
+if got != -1 or ctypes.get_errno() != errno.EPERM:
+    print(f"SECCOMP keyctl returned {got} (errno {ctypes.get_errno()}), not EPERM", flush=True)
+    raise SystemExit(3)
 import numpy, harness.wire  # the worker's imports resolve (its paths are all mounted)
+assert not any(p.startswith(sys.argv[1]) for p in [sys.executable, *sys.path]), "host paths"
 assert os.getuid() == 65534 and os.getgid() == 65534, ("uid", os.getuid())
 caps = [l for l in open("/proc/self/status") if l.startswith("CapEff")][0].split()[1]
 assert int(caps, 16) == 0, ("capabilities", caps)
@@ -364,12 +657,26 @@ def check() -> None:
     with _CHECK_LOCK:
         if _CHECKED == "ok":
             return
-        with staged() as stage:
-            cmd = command(stage, DEFAULT_LIMITS, _PROBE, str(PROJECT_ROOT))
-            try:
-                done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={})
-            except (OSError, subprocess.TimeoutExpired) as e:
-                raise SandboxUnavailable(f"bwrap did not run: {e}") from None
+        rules = _seccomp_descriptor()
+        try:
+            with staged() as stage:
+                keyctl = str(seccomp.number("keyctl"))
+                cmd = command(
+                    stage, DEFAULT_LIMITS, _PROBE, str(PROJECT_ROOT), keyctl, seccomp_fd=rules
+                )
+                done = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=60, env={}, pass_fds=(rules,)
+                )
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SandboxUnavailable(f"bwrap did not run: {e}") from None
+        finally:
+            os.close(rules)
+        if "SECCOMP" in done.stdout:
+            said = done.stdout.split("SECCOMP", 1)[1].strip().splitlines()[0]
+            raise SandboxUnavailable(
+                f"the seccomp filter does not hold in the trial sandbox ({said}): bwrap did not "
+                "load it; a sandbox without it would share the grader's keyrings"
+            )
         if done.returncode != 0 or "sandbox ok" not in done.stdout:
             why = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise SandboxUnavailable(f"the trial sandbox failed (status {done.returncode}): {why}")

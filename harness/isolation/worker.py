@@ -83,7 +83,12 @@ class Worker:
 
     def __init__(self, start: Start) -> None:
         self.status: int | None = None  # the exit code once reaped; negative: a signal
-        self._log = tempfile.NamedTemporaryFile(prefix="xfmr-worker-", suffix=".log")
+        # a memfd: its name inside a sandbox (readlink /proc/self/fd/1) is no host path
+        self._log = (
+            os.fdopen(os.memfd_create("xfmr-worker-log"), "w+b")
+            if hasattr(os, "memfd_create")
+            else tempfile.TemporaryFile(prefix="xfmr-worker-", suffix=".log")
+        )
         req_r, self._req_w = os.pipe()
         self._resp_r, resp_w = os.pipe()
         try:

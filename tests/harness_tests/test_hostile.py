@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import ast
 import csv
+import ctypes
 import hashlib
 import json
 import os
 import re
+import secrets
 import subprocess
 import sys
 import sysconfig
@@ -139,7 +141,7 @@ def batch(tmp_path_factory):
     overlays = sorted(
         p.stem for p in HOSTILE.glob("hostile_*.py") if p.stem != "hostile_results_file"
     )
-    overlays += ["attack_wire", "attack_nan", "attack_blind_decoder"]
+    overlays += ["attack_wire", "attack_nan", "attack_blind_decoder", "attack_paths"]
     for name in overlays:
         overlay(name, folder, PROJECT=str(ROOT))
     overlay("attack_signals", folder, REPORT=str(out / "attack_signals.gradescope.json"))
@@ -412,3 +414,136 @@ def test_a_suite_that_forges_events_is_its_own_error(tmp_path, capsys):
     assert status == 2 and "no mutant was run" in err, err
     assert "could not be judged: TypeError: an event must be an object" in err
     assert "Traceback" not in err
+
+
+# --- kernel state and host paths (issue 21) ---------------------------------------------------
+
+SESSION, USER = -3, -4  # KEY_SPEC_SESSION_KEYRING, KEY_SPEC_USER_KEYRING
+
+
+class Keyrings:
+    """The test's own view of its kernel keyrings (the grader's: its sandboxes share its uid)."""
+
+    def __init__(self) -> None:
+        from harness.isolation import seccomp
+
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.keyctl, self.add_key = seccomp.number("keyctl"), seccomp.number("add_key")
+
+    def _check(self, got: int, what: str) -> int:
+        if got < 0:
+            raise OSError(ctypes.get_errno(), f"{what}: {os.strerror(ctypes.get_errno())}")
+        return got
+
+    def add(self, description: str, payload: str, ring: int) -> int:
+        data = payload.encode()
+        got = self.libc.syscall(self.add_key, b"user", description.encode(), data, len(data), ring)
+        return self._check(got, "add_key")
+
+    def read(self, key: int) -> bytes:
+        buf = ctypes.create_string_buffer(1 << 16)
+        n = self._check(self.libc.syscall(self.keyctl, 11, key, buf, 1 << 16), "KEYCTL_READ")
+        return buf.raw[: min(n, 1 << 16)]
+
+    def listing(self) -> dict[int, list[str]]:
+        """Each keyring's keys, described ("type;uid;gid;perm;description")."""
+        found = {}
+        for ring in (SESSION, USER):
+            ids = self.read(ring)
+            described = []
+            for i in range(0, len(ids) - 3, 4):
+                what = ctypes.create_string_buffer(512)
+                key = int.from_bytes(ids[i : i + 4], "little")
+                self._check(self.libc.syscall(self.keyctl, 6, key, what, 512), "KEYCTL_DESCRIBE")
+                described.append(what.value.decode())
+            found[ring] = sorted(described)
+        return found
+
+    def unlink(self, key: int, ring: int) -> None:
+        self._check(self.libc.syscall(self.keyctl, 9, key, ring), "KEYCTL_UNLINK")
+
+
+def keyrings_or_skip() -> Keyrings:
+    rings = Keyrings()
+    try:
+        rings.listing()
+    except OSError as e:
+        pytest.skip(f"the kernel refuses keyrings to the test process itself ({e})")
+    return rings
+
+
+def test_a_submission_cannot_reach_the_graders_keyrings(tmp_path, capsys):
+    # the grader's session keyring holds a secret; the submission reads, searches and plants
+    # keys: every call is denied (EPERM, the seccomp filter), /proc/keys is masked, the secret is
+    # in no report, the keyrings are as they were, and the real fault alone decides the grade
+    rings = keyrings_or_skip()
+    secret, description = secrets.token_hex(16), f"xfmr-grader-{secrets.token_hex(4)}"
+    try:
+        key = rings.add(description, secret, SESSION)
+    except OSError as e:
+        pytest.skip(f"the kernel refuses keyrings to the test process itself ({e})")
+    try:
+        assert rings.read(key) == secret.encode()  # the grader itself can
+        before = rings.listing()
+        fill = {"KEYCTL": str(rings.keyctl), "ADD_KEY": str(rings.add_key)}
+        submission = overlay("attack_keyring", tmp_path, DESCRIPTION=description, **fill)
+        report, scope = tmp_path / "grade.json", tmp_path / "results.json"
+        status = main(
+            ["grade", str(submission), "--tests", TESTS]  # no hang here: the default limit
+            + ["--json", str(report), "--gradescope", str(scope)]
+        )
+        printed = capsys.readouterr()
+        after = rings.listing()
+    finally:
+        rings.unlink(key, SESSION)
+    texts = [report.read_text(), scope.read_text(), printed.out, printed.err]
+    assert not any(secret in text for text in texts)
+    assert after == before
+    tests = {t["name"]: t for t in json.loads(scope.read_text())["tests"]}
+    match = re.search(r"FINDINGS (\{.*\})", tests["test_hand_example_noam"]["output"])
+    assert match, tests["test_hand_example_noam"]["output"]
+    found = json.loads(match.group(1))
+    assert found["calls"] and all(got == [-1, 1] for got in found["calls"].values()), found
+    # /proc/keys (descriptions of every key the uid may view) is covered by /dev/null
+    assert found["read"] == [] and found["proc_keys"] == "PermissionError"
+    assert description not in json.dumps(found)
+    # the grade it deserves: its noam_rate is broken, the rest is the correct torch copy
+    assert status == 1 and tests["test_hand_example_noam"]["status"] == "failed"
+    assert tests["test_golden_torch"]["status"] == "passed", tests["test_golden_torch"]
+    assert tests["test_decoder_is_causal"]["status"] == "passed"
+
+
+def test_a_suite_cannot_share_fingerprints_through_the_keyring(tmp_path):
+    # the suite records each subject's behaviour in the user keyring and passes only the
+    # majority's: denied the keyring, it passes everywhere, kills nothing, on every run alike
+    rings = keyrings_or_skip()
+    before = rings.listing()
+    (tmp_path / "stages").mkdir()
+    with own_stages(tmp_path / "stages") as marker:
+        first, second = (mutation_score(HOSTILE / "suites" / "keyring", jobs=2) for _ in "12")
+    assert first.killed == second.killed == [] and first.score == second.score == 0.0
+    assert not first.false_alarms and not second.false_alarms
+    assert rings.listing() == before
+    assert leftovers(marker) == []
+
+
+def test_no_host_path_of_the_grader_shows_inside(batch):
+    # mountinfo's mount roots, the finder files, descriptors 0-2, sys.path, the executable,
+    # torch's __file__ and the mapped files: none names the project, the virtualenv or a log
+    found = findings(batch, "attack_paths")
+    text = json.dumps(found)
+    venv = sysconfig.get_paths()["purelib"]
+    for host in {str(ROOT), sys.prefix, os.path.realpath(sys.prefix), venv}:
+        assert host not in text, (host, found)
+    assert "xfmr-worker-" not in text.replace("/memfd:xfmr-worker-log", ""), found["fds"]
+    assert found["fds"]["1"] == found["fds"]["2"] == "/memfd:xfmr-worker-log (deleted)"
+    assert found["finders"] == {}  # the editable finder, .pth files and direct_url.json masked
+    assert found["sys.path"][0] == "/opt/xfmr/lib"
+    assert all(p.startswith("/opt/xfmr/") for p in found["sys.path"]), found["sys.path"]
+    assert found["executable"][0].startswith("/opt/xfmr/python/")
+    assert status_of(batch, "attack_paths") == ("failed", "passed", "passed")
+
+
+def status_of(batch, name: str) -> tuple[str, ...]:
+    tests = outputs(batch, name)
+    return tuple(tests[t][0] for t in TESTS.split(","))
