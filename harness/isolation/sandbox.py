@@ -248,9 +248,9 @@ def _publish(build: Path, target: Path) -> Path:
 
 
 def _prune(cache: Path, days: float = 2.0) -> None:
-    """Remove the hard-link trees no process has used for `days` (site-packages has changed
-    since: a tree costs only its folders, but they add up)."""
-    for old in cache.glob("site-*"):
+    """Remove the hard-link trees and code copies no process has used for `days` (site-packages
+    or the worker's code has changed since: each costs only its folders, but they add up)."""
+    for old in [*cache.glob("site-*"), *cache.glob("lib-*")]:
         try:
             if time.time() - old.stat().st_mtime > days * 86400:
                 shutil.rmtree(old, ignore_errors=True)
@@ -304,7 +304,9 @@ def _worker_code() -> Path:
         raise OSError(f"no folder of {NEUTRAL_PLACES} is this user's")
     target = cache / f"lib-{digest.hexdigest()[:32]}"
     if target.is_dir():
+        os.utime(target)  # in use: _prune keeps it
         return target
+    _prune(cache)
     build = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
     try:
         for rel in files:

@@ -472,6 +472,31 @@ def keyrings_or_skip() -> Keyrings:
     return rings
 
 
+def test_a_sandbox_whose_seccomp_filter_does_not_hold_is_refused(monkeypatch):
+    # bwrap started without the filter: the trial sandbox's keyctl succeeds, grading refuses
+    from harness.isolation import sandbox
+
+    keyrings_or_skip()
+    real = sandbox.command
+    monkeypatch.setattr(sandbox, "command", lambda *a, seccomp_fd=None, **k: real(*a, **k))
+    monkeypatch.setattr(sandbox, "_CHECKED", None)
+    with pytest.raises(sandbox.SandboxUnavailable, match="the seccomp filter does not hold"):
+        sandbox.check()
+
+
+def test_without_libseccomp_no_sandbox_starts(monkeypatch):
+    from harness.isolation import sandbox, seccomp
+
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # import pyseccomp: ImportError
+    monkeypatch.setattr(sandbox, "_CHECKED", None)
+    seccomp.program.cache_clear()
+    try:
+        with pytest.raises(sandbox.SandboxUnavailable, match=r"pip install pyseccomp"):
+            sandbox.check()
+    finally:
+        seccomp.program.cache_clear()
+
+
 def test_a_submission_cannot_reach_the_graders_keyrings(tmp_path, capsys):
     # the grader's session keyring holds a secret; the submission reads, searches and plants
     # keys: every call is denied (EPERM, the seccomp filter), /proc/keys is masked, the secret is
@@ -538,8 +563,9 @@ def test_no_host_path_of_the_grader_shows_inside(batch):
     assert "xfmr-worker-" not in text.replace("/memfd:xfmr-worker-log", ""), found["fds"]
     assert found["fds"]["1"] == found["fds"]["2"] == "/memfd:xfmr-worker-log (deleted)"
     assert found["finders"] == {}  # the editable finder, .pth files and direct_url.json masked
-    assert found["sys.path"][0] == "/opt/xfmr/lib"
-    assert all(p.startswith("/opt/xfmr/") for p in found["sys.path"]), found["sys.path"]
+    # the submission's own folder, then the worker's code, the stdlib and site-packages
+    assert found["sys.path"][:2] == ["/sandbox", "/opt/xfmr/lib"], found["sys.path"]
+    assert all(p.startswith("/opt/xfmr/") for p in found["sys.path"][1:]), found["sys.path"]
     assert found["executable"][0].startswith("/opt/xfmr/python/")
     assert status_of(batch, "attack_paths") == ("failed", "passed", "passed")
 

@@ -1,7 +1,8 @@
 # Attack: learn the grader's host paths (the project, its virtualenv, the worker's log file) from
 # inside: /proc/self/mountinfo, the editable install's finder and .pth files, direct_url.json,
 # readlink of descriptors 0-2, sys.path, sys.executable, where torch was loaded from, and the
-# files mapped into memory. Everything is reported through the grade. Fault: noam_rate raises.
+# files mapped into memory (those outside /usr and /opt/xfmr). Everything is reported through
+# the grade. Fault: noam_rate raises.
 import glob as _glob
 import json as _json
 import os as _os
@@ -17,6 +18,10 @@ _seen = {
     "finders": {},
     "maps": sorted({ln.split()[-1] for ln in open("/proc/self/maps") if "/" in ln}),
 }
+# the mapped files' folders, outside the system's and the neutral ones: the rest is too long
+_seen["maps"] = [len(_seen["maps"])] + sorted(
+    {_os.path.dirname(p) for p in _seen["maps"] if not p.startswith(("/opt/xfmr/", "/usr/"))}
+)
 for _fd in (0, 1, 2):
     try:
         _seen["fds"][_fd] = _os.readlink(f"/proc/self/fd/{_fd}")
