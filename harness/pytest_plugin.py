@@ -114,7 +114,12 @@ class _Active:
         self.module = config.option.xfmr_module
         self.names = [n for n in (config.option.xfmr_tests or "").split(",") if n]
         self.runner: Any = None  # harness.selfcheck.Runner, made at the first shared item
-        self.finders = [_Subject(self.module, self.target), _Parents(self.module)]
+        # a student's folder (transformer.py and its helpers): the module path's parent package
+        # is that folder, so its relative imports resolve, and the folder is on sys.path
+        here = given.resolve()
+        folder = here if here.is_dir() and self.target.parent == here else None
+        self.folder = folder or self.target.parent
+        self.finders = [_Subject(self.module, self.target), _Parents(self.module, folder)]
 
     def tests(self) -> list[Any]:
         from harness.shared_tests.laws import SHARED_TESTS
@@ -154,14 +159,19 @@ class _Parents(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Empty parent packages of the module path (tinyllm, tinyllm.xfmr), last on sys.meta_path:
     only where no real package of that name is found."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, folder: Path | None = None) -> None:
         parts = name.split(".")
         self.parents = {".".join(parts[:i]) for i in range(1, len(parts))}
+        self.direct = ".".join(parts[:-1])  # the implementation's own package
+        self.folder = folder
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: ANN001
-        if fullname in self.parents:
-            return importlib.util.spec_from_loader(fullname, self, is_package=True)
-        return None
+        if fullname not in self.parents:
+            return None
+        spec = importlib.util.spec_from_loader(fullname, self, is_package=True)
+        if spec is not None and fullname == self.direct and self.folder is not None:
+            spec.submodule_search_locations = [str(self.folder)]
+        return spec
 
     def create_module(self, spec):  # noqa: ANN001
         return None
@@ -198,6 +208,8 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_ACTIVE] = active
     sys.meta_path.insert(0, active.finders[0])
     sys.meta_path.append(active.finders[1])
+    if str(active.folder) not in sys.path:  # its own helper modules import (last: never first)
+        sys.path.append(str(active.folder))
     config.pluginmanager.register(_fixtures(active.module), "xfmr-fixtures")
     _load_profile()
 

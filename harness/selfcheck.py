@@ -63,14 +63,6 @@ def load_path(path: Path) -> Path:
     return path.resolve()
 
 
-def folder_of(shown: Path, main: Path) -> Path | None:
-    """The student's folder when they named one (a folder without __init__.py holding their
-    main module): its other files are theirs too."""
-    if shown.is_dir() and not shown.is_symlink() and main != shown:
-        return shown.resolve()
-    return None
-
-
 @contextmanager
 def launching(
     path: Path, load_timeout: float = LOAD_TIMEOUT, folder: Path | None = None
@@ -79,10 +71,10 @@ def launching(
     the submission's folder on their import path (its own helper modules import)."""
     target = load_path(path)
     with workspace() as work_folder:
-        start = local(work_folder, (str(folder or target.parent),))
+        start = local(work_folder, (str(folder.resolve() if folder else target.parent),))
         spec = {"path": str(target)}
         if folder is not None:  # loaded as the grader loads a student's folder
-            spec["folder"] = str(folder)
+            spec["folder"] = str(folder.resolve())
         yield Launch(start, spec, ("probes",), confinement(work_folder), load_timeout)
 
 
@@ -109,10 +101,11 @@ def check(
     def seconds() -> float:
         return time.monotonic() - start
 
-    if rejected := grading.rejection(path):
+    folder = grading.folder_of(shown, path)  # a student's folder: every file in it is theirs
+    if rejected := grading.rejection(path, folder):
         return grading.Grade(str(shown), failing(rejected), rejected, {}, seconds(), SELF_CHECK)
     try:
-        with launching(path, load_timeout, folder_of(shown, path)) as launch:
+        with launching(path, load_timeout, folder) as launch:
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
             cells, starts = run_subject(subject, tests, lambda t, c: None, lambda s: launch)
             values = [t for t in tests if t.values]
@@ -158,8 +151,8 @@ class Runner:
 
     def __init__(self, path: str | Path) -> None:
         self.path = grading.submitted(Path(path))
-        self.folder = folder_of(Path(path), self.path)
-        self.rejected = grading.rejection(self.path)
+        self.folder = grading.folder_of(Path(path), self.path)
+        self.rejected = grading.rejection(self.path, self.folder)
         self._launch: contextlib.ExitStack | None = None
         self.launch: Launch | None = None
         self.worker: Worker | None = None

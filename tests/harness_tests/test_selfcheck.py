@@ -170,7 +170,13 @@ def test_pytest_xfmr_runs_the_strong_example_suite(tmp_path):
 
 def test_pytest_xfmr_gives_a_suite_the_graders_subject_and_profile(tmp_path):
     # a conftest's own profile loses to the grader's; the module path and the fixture are the
-    # implementation named by --xfmr, the same module
+    # implementation named by --xfmr, one module: here a student's folder of two files, whose
+    # relative and absolute imports of each other resolve
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "schedule.py").write_text("VALUE = 1\n")
+    code = (ROOT / CORRECT).read_text()
+    (mine / "transformer.py").write_text(code + "\nfrom .schedule import VALUE\nimport schedule\n")
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / "conftest.py").write_text(
@@ -186,10 +192,11 @@ def test_pytest_xfmr_gives_a_suite_the_graders_subject_and_profile(tmp_path):
         "    assert s.deadline is None and s.derandomize and s.database is None\n\n"
         "def test_subject(transformer):\n"
         "    assert transformer is T\n"
-        f"    assert transformer.__file__ == {str(ROOT / CORRECT)!r}\n"
+        f"    assert transformer.__file__ == {str(mine / 'transformer.py')!r}\n"
+        "    assert transformer.VALUE == transformer.schedule.VALUE == 1\n"
         "    assert transformer.noam_rate(0, 16, 4) > 0\n"
     )
-    args = ["-m", "pytest", "--xfmr", str(ROOT / CORRECT), str(suite), "-p", "no:cacheprovider"]
+    args = ["-m", "pytest", "--xfmr", str(mine), str(suite), "-p", "no:cacheprovider"]
     done = run(args, without_bwrap())
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
