@@ -5,6 +5,7 @@ Every writer reads the same SuiteRun and Summary, so the formats always agree.
 
 from __future__ import annotations
 
+import inspect
 import os
 import platform
 from pathlib import Path
@@ -233,6 +234,20 @@ Hover a cell for its message, a test for its law.</p>
 """
 
 
+def test_files(tests: Any) -> dict[str, Any]:
+    """Stryker's testFiles: each test under the file its check is defined in (its family module
+    of harness.shared_tests.laws), relative to the project's root, in the matrix's order."""
+    root = Path(__file__).resolve().parents[2]
+    files: dict[str, Any] = {}
+    for t in tests:
+        where = Path(inspect.getsourcefile(t.check) or "").resolve()
+        name = where.relative_to(root).as_posix() if where.is_relative_to(root) else where.name
+        files.setdefault(name, {"tests": []})["tests"].append(
+            {"id": t.name, "name": f"{t.name}: {t.law}"}
+        )
+    return files
+
+
 def stryker(run: SuiteRun, summary: Summary) -> dict[str, Any]:
     """The mutation-testing-report-schema (version 2) JSON that Stryker's viewers render: impl's
     source and each pitfall mutant with the region its patches change, the replacement, status,
@@ -283,11 +298,7 @@ def stryker(run: SuiteRun, summary: Summary) -> dict[str, Any]:
         "files": {
             "impl/transformer.py": {"language": "python", "source": source, "mutants": mutants}
         },
-        "testFiles": {
-            "harness/shared_tests/laws.py": {
-                "tests": [{"id": t.name, "name": f"{t.name}: {t.law}"} for t in run.tests]
-            }
-        },
+        "testFiles": test_files(run.tests),
         "framework": {"name": "xfmr-oracle harness"},
         "system": {
             "ci": bool(os.environ.get("CI")),

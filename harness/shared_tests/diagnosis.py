@@ -29,9 +29,9 @@ from typing import Any
 import numpy as np
 
 import oracle
-from harness.shared_tests.inputs import GOLDEN_SEED, forward_inputs, golden_inputs
+from harness.shared_tests.inputs import forward_inputs, golden_inputs, golden_weights
 from harness.shared_tests.record import Call, Failure
-from harness.shared_tests.verdicts import errors, read_params, tolerance
+from harness.shared_tests.verdicts import assert_holds, errors, read_params, tolerance
 from oracle.layers import decoder_layer, encoder_layer, multi_head_attention
 from oracle.model import embed, output_logits, source_attention_mask, target_attention_mask
 from oracle.ops import gelu, layer_norm, log_softmax, positional_encoding, relu
@@ -614,12 +614,15 @@ def say(f: Finding) -> str:
 
 
 def diagnose(call: Call) -> dict[str, str]:
-    """first_divergence on the golden test's inputs (same seed, same batches), per config."""
+    """first_divergence on the golden test's inputs (the same weights, the same batches), per
+    config."""
     found = {}
     for name, cfg, b in golden_inputs():
         try:
-            answer = call("module_outputs", cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b))
-            found[name] = first_divergence(answer, cfg, b)
+            weights = golden_weights(call, name, cfg)
+            answer = call("module_outputs", cfg=cfg, weights=weights, **forward_inputs(b))
+            assert_holds(name, answer.get("state_dict"), weights)
+            found[name] = first_divergence({**answer, "state_dict": weights}, cfg, b)
         except Failure as e:
             found[name] = f"cannot compare: {e}"
     return found

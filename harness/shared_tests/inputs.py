@@ -5,7 +5,10 @@ generators; none comes from the subject."""
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
+import os
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -125,28 +128,91 @@ def contract_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     return {name: expected_shape(name, *dims) for name in names}
 
 
-def draw_weights(shapes: dict[str, list[int]], cfg: dict, seed: int) -> dict[str, np.ndarray]:
+# --- the parent's weights ----------------------------------------------------------------------
+#
+# Every value and law test runs the subject on weights the parent draws afresh for each run and
+# pushes in through the subject's own parameter names: a subject's own initialization decides no
+# verdict but the init test's (a model whose every weight is 0 gives trivial expectations: logits
+# 0, a loss of log V, gradients 0). The run's secret seeds every draw; it is drawn once per
+# process, unless XFMR_DRAW_SEED sets it (an integer: to reproduce a run).
+_SECRET = [int(os.environ.get("XFMR_DRAW_SEED") or secrets.randbits(63))]
+
+
+def set_draw_secret(value: int | None) -> None:
+    """Fix the run's secret (to reproduce a run), or draw a fresh one (None)."""
+    _SECRET[0] = secrets.randbits(63) if value is None else int(value)
+
+
+def draw_secret() -> int:
+    return _SECRET[0]
+
+
+def draw_seed(*purpose: Any) -> int:
+    """A seed for one draw of this run: the run's secret and what the draw is for."""
+    digest = hashlib.sha256(repr((_SECRET[0], purpose)).encode()).digest()
+    return int.from_bytes(digest[:8], "little")
+
+
+def draw_weights(
+    shapes: dict[str, list[int]],
+    cfg: dict,
+    seed: int,
+    aliases: dict[str, str] | None = None,
+) -> dict[str, np.ndarray]:
     """Parent-chosen weights for the subject's state_dict names: tables N(0, 1/d), matrices
-    N(0, 1/fan_in), LayerNorm gains near 1, biases near 0. Decoding tests load them, so their
-    expectations do not depend on how a subject initializes (a fresh tied model's argmax just
-    repeats its input token)."""
+    N(0, 1/fan_in), LayerNorm gains near 1, biases near 0: full rank, at the contract's scale.
+    Names that share one tensor in the subject (`aliases`: name -> the first name of its tensor)
+    get one value. Every value is a float32 number, so a float32 subject holds exactly what a
+    float64 one does and the oracle computes with exactly the subject's weights."""
     rng = np.random.default_rng(seed)
-    out = {}
+    aliases = aliases or {}
+    out: dict[str, np.ndarray] = {}
     for name, shape in sorted(shapes.items()):
+        if aliases.get(name, name) != name:
+            continue
         if len(shape) == 2:
             fan_in = cfg["d_model"] if name.endswith("emb.weight") else shape[1]
-            out[name] = rng.normal(0.0, fan_in**-0.5, shape)
+            value = rng.normal(0.0, fan_in**-0.5, shape)
         elif "norm" in name and name.endswith(".weight"):
-            out[name] = 1.0 + 0.1 * rng.normal(size=shape)
+            value = 1.0 + 0.1 * rng.normal(size=shape)
         else:
-            out[name] = 0.1 * rng.normal(size=shape)
+            value = 0.1 * rng.normal(size=shape)
+        out[name] = value.astype(np.float32).astype(np.float64)
+    for name in shapes:
+        first = aliases.get(name, name)
+        if first != name:
+            out[name] = out[first]
     return out
+
+
+def pushed_weights(call: Any, cfgs: list[dict], *purpose: Any) -> list[dict[str, np.ndarray]]:
+    """For each config, weights drawn for this run under the subject's own parameter names and
+    shapes (the probe parameter_layout), to push into its model."""
+    layouts = call("parameter_layout", cfgs=cfgs)
+    if not isinstance(layouts, list) or len(layouts) != len(cfgs):
+        raise ValueError(f"parameter_layout gave {type(layouts).__name__}, not one per config")
+    return [
+        draw_weights(layout["shapes"], cfg, draw_seed(*purpose, i), layout["aliases"])
+        for i, (cfg, layout) in enumerate(zip(cfgs, layouts, strict=True))
+    ]
+
+
+def golden_weights(call: Any, name: str, cfg: dict) -> dict[str, np.ndarray]:
+    """This run's weights for one golden config, under the subject's names: the golden test and
+    the diagnosis of its failures draw the same ones."""
+    return pushed_weights(call, [cfg], "golden", name)[0]
 
 
 def contract_params(cfg: dict, seed: int) -> Any:
     """The oracle's Params of the contract's model for `cfg`, on weights the parent draws."""
     shapes = {name: list(shape) for name, shape in contract_shapes(cfg).items()}
     return oracle.read_state_dict(draw_weights(shapes, cfg, seed), cfg)
+
+
+def contract_weights(cfg: dict, *purpose: Any) -> dict[str, np.ndarray]:
+    """This run's draw for the contract's own names of `cfg` (tied tables listed once)."""
+    shapes = {name: list(shape) for name, shape in contract_shapes(cfg).items()}
+    return draw_weights(shapes, cfg, draw_seed(*purpose))
 
 
 def learning_setup() -> dict[str, Any]:
@@ -169,6 +235,44 @@ def addition_inputs(setup: dict[str, Any]) -> dict[str, Any]:
         },
         "eval_src": addition.source_array(test, n),
         "eval_tgt": addition.target_array(test, n),
+    }
+
+
+def learning_instance(setup: dict[str, Any], *purpose: Any) -> dict[str, Any]:
+    """This run's secret instance of the learning task, so that no weights trained before the run
+    fit it: the sums split by a drawn seed, and every real token (+ and the ten digits)
+    relabelled by a drawn permutation, the same on both sides (11! instances; with i.i.d.
+    embedding rows a relabelling leaves how hard the task is to learn exactly as it was). Three
+    disjoint parts: training data (what fit sees), validation sums (the worker's early stop
+    reads them) and test sums, which never leave the parent: the verdict is the oracle's loss
+    on them.
+
+    An offset added to every answer was tried as a further task parameter and dropped: offsets
+    0-9 spread impl's loss over six instances from 0.14 to 0.73 (0.15-0.29 without), past what
+    the bar can allow without passing a decoder blind to the source."""
+    from tasks import addition
+
+    task = setup["task"]
+    n, n_test = task["digits"], task["n_test"]
+    rng = np.random.default_rng(draw_seed("learning task", *purpose))
+    train, held = addition.split_sums(n, 2 * n_test, task["n_train"], int(rng.integers(2**31)))
+    relabel = np.arange(addition.VOCAB)
+    relabel[addition.PLUS :] = rng.permutation(relabel[addition.PLUS :])
+
+    def src(pairs: np.ndarray) -> np.ndarray:
+        return relabel[addition.source_array(pairs, n)]
+
+    def tgt(pairs: np.ndarray) -> np.ndarray:
+        return relabel[addition.target_array(pairs, n)]
+
+    val, test = held[:n_test], held[n_test:]
+    return {
+        "data": {"src": src(train), "tgt": tgt(train), "pad_id": addition.PAD},
+        "val_src": src(val),
+        "val_tgt": tgt(val),
+        "test_src": src(test),
+        "test_tgt": tgt(test),
+        "relabel": relabel,
     }
 
 

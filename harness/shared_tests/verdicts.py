@@ -200,6 +200,33 @@ def assert_equal_bits(what: str, got: np.ndarray, want: np.ndarray, axes: tuple[
         )
 
 
+def assert_holds(what: str, held: Any, pushed: dict[str, np.ndarray]) -> None:
+    """The model holds exactly the weights the test loaded into it (every value drawn is a
+    float32 number, so a float32 model holds them exactly too): a model that ignores the weights
+    it is given, or alters them, computes something the oracle was not asked about."""
+    if not isinstance(held, dict):
+        raise Failure(f"{what}: the model's parameters could not be read back")
+    missing = sorted(set(pushed) - set(held))
+    if missing:
+        raise Failure(
+            f"{what}: after loading the test's weights the state_dict no longer lists "
+            f"{listing(missing)}"
+        )
+    for name in sorted(pushed):
+        got = np.asarray(held[name], dtype=np.float64)
+        if got.shape != pushed[name].shape or not np.array_equal(got, pushed[name]):
+            change = (
+                f"max change {np.abs(got - pushed[name]).max():.3g}"
+                if got.shape == pushed[name].shape
+                else f"shape {got.shape}, loaded {pushed[name].shape}"
+            )
+            raise Failure(
+                f"{what}: the model does not hold the weights the test loaded into it: {name} "
+                f"({change}); load_state_dict must set every parameter, and a forward pass "
+                "must not change them"
+            )
+
+
 # An honest model's logits move by O(0.1) when an input they depend on changes; 1e-6 is far above
 # float64 rounding (1e-15) and float32's (1e-7 of O(1) values), so only an output that does not
 # read that input stays below it.

@@ -4,6 +4,7 @@ greedy at beam 1, and equals the oracle's pinned beam search."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -16,13 +17,19 @@ from harness.shared_tests.inputs import (
     PRE,
     batch,
     config,
+    draw_seed,
     draw_weights,
+    pushed_weights,
     tokens,
+    tying,
 )
 from harness.shared_tests.record import Call, Failure, law
 from harness.shared_tests.verdicts import (
+    DEPENDS,
+    NAMES_TEST,
     assert_close,
     assert_equal_bits,
+    assert_holds,
     errors,
     read_params,
     tolerance,
@@ -40,10 +47,11 @@ def check_decode_step_equals_forward(call: Call) -> None:
     # decode_step from init_state, position by position, gives decode's logits at each position,
     # and stepping again from an earlier state gives the same logits (the state is not mutated).
     rng = np.random.default_rng(5)
-    for cfg in (POST, PRE):
+    for cfg, weights in zip((POST, PRE), pushed_weights(call, [POST, PRE], "steps"), strict=True):
         b = batch(rng, cfg, src_lens=[6, 4, 2], tgt_lens=[6, 6, 6])
         inputs = {k: b[k] for k in ("src", "src_mask", "tgt_in")}
-        r = call("decode_steps", cfg=cfg, seed=15, **inputs)
+        r = call("decode_steps", cfg=cfg, weights=weights, **inputs)
+        assert_holds(f"{cfg['norm']}-LN", r["state_dict"], weights)
         tol = tolerance(r["dtype"], "reorder")
         assert_close(f"{cfg['norm']}-LN: decode_step logits vs decode", r["steps"], r["full"], tol)
         for t, logits in r["again"].items():
@@ -104,10 +112,9 @@ def greedy(params: Any, src: np.ndarray, eos: int | None, max_len: int) -> tuple
     return out, margins
 
 
-def choose_eos(params: Any, src: np.ndarray, max_len: int) -> int:
-    """An eos that greedy decoding reaches: the first token past the second step, in row order,
-    that is neither pad nor bos."""
-    free, _ = greedy(params, src, None, max_len)
+def choose_eos(free: list[list[int]]) -> int:
+    """An eos that greedy decoding reaches, from its paths without one: the first token past the
+    second step, in row order, that is neither pad nor bos."""
     for row in free:
         for tok in row[2:]:
             if tok not in (PAD, BOS):
@@ -115,12 +122,49 @@ def choose_eos(params: Any, src: np.ndarray, max_len: int) -> int:
     raise Failure(f"no usable eos: greedy decoding with the test's weights gives {free}")
 
 
+# Weights drawn at the contract's scale often decode to one token repeated (the output layer
+# favours the token the decoder just read), and such a draw tells a correct search from a broken
+# one poorly: a decode_step stuck at position 0 repeats that token too. So the parent draws
+# DECODING_DRAWS candidates from the run's secret and keeps the one whose greedy decoding varies
+# most (`variety`): the most changes of token along the paths cut at eos, then the most
+# distinct paths.
+DECODING_DRAWS = 16
+_CHOSEN: dict[tuple, int] = {}
+
+
+def variety(cut: list[list[int]]) -> tuple[int, int]:
+    """How much greedy paths cut at eos can tell searches apart: changes of token along them,
+    then how many distinct paths."""
+    changes = sum(sum(a != b for a, b in zip(p, p[1:], strict=False)) for p in cut)
+    return changes, len({tuple(p) for p in cut})
+
+
 def decoding_setup(call: Call, cfg: dict, seed: int, src: np.ndarray, max_len: int):
-    """The parent's weights for this subject's names, the oracle's Params for them, and eos."""
-    shapes = call("parameter_shapes", cfgs=[cfg])[0]
-    weights = draw_weights(shapes, cfg, seed)
-    params = read_params(weights, cfg, "the state_dict's names")
-    return weights, params, choose_eos(params, src, max_len)
+    """The parent's weights for this subject's names (the most varied of this run's draws, see
+    DECODING_DRAWS), the oracle's Params for them, and eos."""
+    layout = call("parameter_layout", cfgs=[cfg])[0]
+
+    def drawn(k: int) -> tuple[dict, Any]:
+        weights = draw_weights(
+            layout["shapes"], cfg, draw_seed("decoding", seed, k), layout["aliases"]
+        )
+        return weights, read_params(weights, cfg, "the state_dict's names")
+
+    key = (seed, src.tobytes(), max_len, params_key(drawn(0)[1]))
+    if key not in _CHOSEN:
+        scores = []
+        for k in range(DECODING_DRAWS):
+            params = drawn(k)[1]
+            try:
+                eos = choose_eos(greedy(params, src, None, max_len)[0])
+            except Failure:
+                continue
+            scores.append((variety(greedy(params, src, eos, max_len)[0]), -k))
+        if not scores:
+            raise RuntimeError(f"none of {DECODING_DRAWS} draws of weights reaches an eos")
+        _CHOSEN[key] = -max(scores)[1]
+    weights, params = drawn(_CHOSEN[key])
+    return weights, params, choose_eos(greedy(params, src, None, max_len)[0])
 
 
 def decoding_paths(paths: list[list[int]]) -> dict[str, np.ndarray]:
@@ -160,10 +204,12 @@ def forward_first(r: dict, params: Any, src: np.ndarray, paths: dict[str, np.nda
 )
 def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
     # translate with beam_size=1 equals an argmax loop over the oracle's forward pass; outputs
-    # carry no eos; the training mode is restored; save/load gives identical outputs.
-    cfg, max_len = config(n_enc=1, n_dec=1), 6
+    # carry no eos; the training mode is restored; save/load gives identical outputs, for the
+    # search's model and for two deeper ones (both norms, tied and untied). The search's model
+    # is untied: a tiny tied model decodes one token repeated under most draws of weights.
+    cfg, max_len = config(n_enc=1, n_dec=1, tie_embeddings=False), 6
     rng = np.random.default_rng(8)
-    src = batch(rng, cfg, src_lens=[5, 4, 3, 5], tgt_lens=[1, 1, 1, 1])["src"]
+    src = batch(rng, cfg, src_lens=[5, 4, 3, 5, 2, 6, 4, 3], tgt_lens=[1] * 8)["src"]
     weights, params, eos = decoding_setup(call, cfg, 20, src, max_len)
     want, margins = greedy(params, src, eos, max_len)
     r = call(
@@ -179,6 +225,7 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
         train_mode=True,
         paths=(paths := decoding_paths(want)),
     )
+    assert_holds("translate's model", r["state_dict"], weights)
     got = r["outputs"][0]
     for row, (g, w, m) in enumerate(zip(got, want, margins, strict=True)):
         if eos in g:
@@ -193,16 +240,34 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
         raise Failure(f"translate returned {r['types']}: a list of lists of Python ints expected")
     if r["grad_during"]:
         raise Failure("translate ran the model's modules with gradients enabled (no_grad expected)")
+    check_round_trip("the search's model (1+1 layers, untied)", r)
+    deeper = [config(norm="post"), config(norm="pre", tie_embeddings=False, tgt_vocab=11)]
+    cases = [
+        {"cfg": c, "weights": w}
+        for c, w in zip(deeper, pushed_weights(call, deeper, "save/load"), strict=True)
+    ]
+    for c, result in zip(
+        deeper, call("save_load", cases=cases, src=src, bos=BOS, pad_id=PAD), strict=True
+    ):
+        layers = f"{c['n_enc']}+{c['n_dec']} layers"
+        check_round_trip(f"{c['norm']}-LN, {layers}, tie {tying(c)}", result)
+
+
+def check_round_trip(label: str, r: dict) -> None:
+    """save_transformer wrote exactly the contract's two files, model.safetensors holds each
+    state_dict tensor once, and the loaded model gives the same logits, bit for bit."""
     want_files = ["config.json", "model.safetensors"]
     if r["files"] != want_files:
-        raise Failure(f"save_transformer wrote {r['files']}: expected exactly {want_files}")
+        raise Failure(
+            f"{label}: save_transformer wrote {r['files']}: expected exactly {want_files}"
+        )
     if r["safetensors_keys"] != r["state_dict_keys"]:
         raise Failure(
-            f"model.safetensors holds {r['safetensors_keys']}, the state_dict "
+            f"{label}: model.safetensors holds {r['safetensors_keys']}, the state_dict "
             f"{r['state_dict_keys']} (a tied tensor is stored once)"
         )
     assert_equal_bits(
-        "logits after save_transformer then load_transformer",
+        f"{label}: logits after save_transformer then load_transformer",
         r["logits_after_load"],
         r["logits_before"],
         ("row", "position", "token"),
@@ -242,6 +307,7 @@ def check_beam_search_matches_oracle(call: Call) -> None:
         train_mode=False,
         paths=(paths := decoding_paths(greedy(params, src, eos, max_len)[0])),
     )
+    assert_holds("translate's model", r["state_dict"], weights)
     key = params_key(params)
     compared = 0
     for (beam, penalty), got in zip(settings, r["outputs"], strict=True):
@@ -358,43 +424,84 @@ def check_beam_search_when_nothing_finishes(call, cfg, weights, params, src, key
                 )
 
 
-# decode_step's matrix-product work (FLOPs) may grow with the position by what attending to one
-# more cached key costs, 4 d per decoder layer (scores and weighted values), but not by what one
-# more prefix row through a single d x d projection costs, 2 d^2: the bound d^2 per layer and
-# position sits between them (8x above the cache's growth at d = 32, 2x below the least a
-# recomputed prefix adds).
+# decode_step reads a KV cache: the self-attention keys and values of the earlier positions as
+# they were computed at their own step, never the prefix recomputed. Judged by behaviour, from
+# the parent: the parent drives decode_step one step at a time (a session in the worker), and
+# before step KV_CHANGE it loads new weights into every decoder self-attention module. A cache
+# keeps the keys and values of the positions before the change as the old weights made them; a
+# recomputed prefix makes them anew with the new weights, so from the change on its logits are
+# exactly those of a model that had the new weights from the start (a second session), and a
+# cache's are not. Where the subject's steps before the change equal the oracle's, its steps
+# after it must equal the oracle's own cached steps too.
+KV_CHANGE = 3
+KV_STEPS = 7
+SELF_ATTENTION = re.compile(r"(^|\.)decoder\.(layers\.)?\d+\.self_attn\.")
+
+
 @law(
     "test_decode_step_reads_a_kv_cache",
-    "decode_step's work does not grow with the prefix beyond attending to cached keys",
+    "decode_step reads the keys and values of earlier positions as they were computed (a KV "
+    "cache), not a recomputed prefix",
     timeout=20.0,
 )
 def check_decode_step_reads_a_kv_cache(call: Call) -> None:
     cfg = config(d_model=32, n_heads=4, d_ff=64, n_enc=1, n_dec=2)
-    rng = np.random.default_rng(28)
-    b = batch(rng, cfg, src_lens=[5, 3], tgt_lens=[10, 10])
-    r = call(
-        "decode_step_work",
-        cfg=cfg,
-        seed=29,
-        src=b["src"],
-        src_mask=b["src_mask"],
-        tgt_in=b["tgt_in"],
+    rng = np.random.default_rng(draw_seed("kv cache tokens"))
+    src = batch(rng, cfg, src_lens=[5, 3, 4], tgt_lens=[1, 1, 1])["src"]
+    mask = src != PAD
+    old, drawn = pushed_weights(call, [cfg, cfg], "kv cache")
+    changed = {k: drawn[k] for k in old if SELF_ATTENTION.search(k)}
+    if not changed:
+        raise Failure(
+            f"not judged: {NAMES_TEST} must pass first (no decoder self-attention parameter "
+            "under the contract's or torch's names, so no keys or values can be changed)"
+        )
+    tokens_ = [np.full(len(src), BOS)] + [
+        rng.integers(3, cfg["tgt_vocab"], len(src)) for _ in range(KV_STEPS - 1)
+    ]
+    runs = {}
+    for name, start, change in (("changed", old, changed), ("new", {**old, **changed}, None)):
+        r = call("decode_session_open", cfg=cfg, weights=start, src=src, src_mask=mask)
+        assert_holds(f"the {name} session's model", r["state_dict"], start)
+        steps = []
+        for t, y in enumerate(tokens_):
+            update = change if t == KV_CHANGE else None
+            steps.append(
+                np.asarray(call("decode_session_step", y_prev=y, set_weights=update)["logits"])
+            )
+        runs[name] = (r["dtype"], np.stack(steps, axis=1))  # [B, steps, V]
+    dtype, got = runs["changed"]
+    fresh = runs["new"][1]
+    for t in range(KV_CHANGE, KV_STEPS):
+        same = np.abs(got[:, t] - fresh[:, t]).max(axis=-1) <= DEPENDS
+        if same.any():
+            row = int(np.flatnonzero(same)[0])
+            raise Failure(
+                f"after the decoder's self-attention weights changed before step {KV_CHANGE}, "
+                f"step {t}'s logits (row {row}) equal those of a model that had the new weights "
+                "from the start: the keys and values of the earlier positions were recomputed "
+                "with the new weights, not read from a cache"
+            )
+    # the oracle's own cached steps, where the subject's forward pass is the oracle's
+    try:
+        before, after = read_params(old, cfg), read_params({**old, **changed}, cfg)
+    except Failure:
+        return  # names the reader cannot read: the names test's charge
+    memory = oracle.encode(before, src, mask)
+    state = oracle.init_state(before, mask)
+    want = []
+    for t, y in enumerate(tokens_):
+        logits, state = oracle.decode_step(before if t < KV_CHANGE else after, y, memory, state)
+        want.append(logits)
+    want = np.stack(want, axis=1)
+    err, scale = errors(got[:, :KV_CHANGE], want[:, :KV_CHANGE], None)
+    if err.max(initial=0.0) > tolerance(dtype, "logits") * scale:
+        return  # a value fault before any change: the value tests' charge, not this law's
+    assert_close(
+        f"decode_step's logits after the self-attention weights changed before step "
+        f"{KV_CHANGE}, vs the oracle's KV-cached steps",
+        got[:, KV_CHANGE:],
+        want[:, KV_CHANGE:],
+        tolerance(dtype, "logits"),
+        axes=("row", "step", "token"),
     )
-    flops = r["flops"]
-    if len(flops) != b["tgt_in"].shape[1]:
-        raise Failure(f"{len(flops)} decode_step calls counted for {b['tgt_in'].shape[1]}")
-    if not min(flops) > 0:
-        raise Failure(
-            f"decode_step's matrix products counted {flops} FLOPs per step: its work cannot be "
-            "measured (no torch matrix product ran)"
-        )
-    # from position 1 on (position 0 may project the encoder's output once for the cache)
-    d, rows = cfg["d_model"], b["tgt_in"].shape[0]
-    slope = (flops[-1] - flops[1]) / (len(flops) - 2) / rows
-    bound = cfg["n_dec"] * d * d
-    if not slope <= bound:
-        raise Failure(
-            f"decode_step's work grows by {slope:.0f} FLOPs per position and row (steps: {flops}), "
-            f"above the {bound} that attending to one more cached key stays below: it recomputes "
-            "the prefix instead of reading a KV cache"
-        )

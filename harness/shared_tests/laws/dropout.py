@@ -12,11 +12,13 @@ from harness.shared_tests.inputs import (
     batch,
     config,
     forward_inputs,
+    pushed_weights,
 )
 from harness.shared_tests.record import Call, Failure, law
 from harness.shared_tests.verdicts import (
     assert_close,
     assert_equal_bits,
+    assert_holds,
     errors,
     read_params,
     tolerance,
@@ -38,7 +40,9 @@ def check_dropout_only_in_training(call: Call) -> None:
     # and after training mode, so eval logits stay equal to each other.
     cfg = config(dropout=0.5, n_enc=1, n_dec=1)
     b = forward_inputs(batch(np.random.default_rng(23), cfg, src_lens=[5, 3], tgt_lens=[4, 4]))
-    r = call("dropout_logits", cfg=cfg, seed=24, **b)
+    weights = pushed_weights(call, [cfg], "dropout in training")[0]
+    r = call("dropout_logits", cfg=cfg, weights=weights, **b)
+    assert_holds("dropout=0.5", r["state_dict"], weights)
     mask = b["tgt_mask"]
     before, after = r["eval"]
     assert_close("eval-mode logits after a training-mode pass", after, before, 0.0, mask=mask)
@@ -58,7 +62,8 @@ def check_dropout_only_in_training(call: Call) -> None:
     # at dropout 0 training mode computes what eval mode does: the same bits (gradients on, so
     # torch's own layers take the same path in both modes)
     zero = {**cfg, "dropout": 0.0}
-    r = call("train_eval_logits", cfg=zero, seed=24, **b)
+    r = call("train_eval_logits", cfg=zero, weights=weights, **b)
+    assert_holds("dropout=0", r["state_dict"], weights)
     assert_equal_bits(
         "dropout=0: training-mode logits vs eval-mode logits",
         r["train"],
@@ -234,7 +239,9 @@ def check_dropout_at_every_site(call: Call) -> None:
     for norm in ("post", "pre"):
         cfg = config(dropout=p, norm=norm)
         b = forward_inputs(batch(rng, cfg, src_lens=[1] * 64, tgt_lens=[6] * 64))
-        r = call("dropout_sites", cfg=cfg, seed=26, **b, draw=27)
+        weights = pushed_weights(call, [cfg], "dropout sites", norm)[0]
+        r = call("dropout_sites", cfg=cfg, weights=weights, **b, draw=27)
+        assert_holds(f"{norm}-LN", r["state_dict"], weights)
         tol = tolerance(r["dtype"], "reorder")
         for site, pairs in dropout_observations(r, cfg, tol).items():
             got = np.concatenate([g.ravel() for g, _ in pairs])
@@ -255,7 +262,7 @@ def check_dropout_at_every_site(call: Call) -> None:
             seen_ = dropped != kept  # an element whose undropped value is 0 tells nothing
             results.append((norm, site, int(dropped[seen_].sum()), int(seen_.sum())))
         try:
-            params = read_params(r["state_dict"], cfg)
+            params = read_params(weights, cfg)
         except Failure:
             continue  # names the contract's reader cannot read: the names tests charge that
         for site, zero in dropped_heads(r, cfg, params).items():

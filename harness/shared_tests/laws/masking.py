@@ -13,7 +13,9 @@ from harness.shared_tests.inputs import (
     batch,
     changed,
     contract_params,
+    draw_seed,
     forward_inputs,
+    pushed_weights,
     tokens,
 )
 from harness.shared_tests.record import Call, Failure, law
@@ -21,6 +23,7 @@ from harness.shared_tests.verdicts import (
     DEPENDS,
     assert_close,
     assert_equal_bits,
+    assert_holds,
     tolerance,
 )
 
@@ -38,15 +41,16 @@ def check_decoder_is_causal(call: Call) -> None:
     # positions move is the architecture's, not the weights': the oracle runs on weights the
     # parent draws, so the anchor never reads (or charges) the subject's own state_dict.
     rng = np.random.default_rng(2)
-    for cfg in (POST, PRE):
+    for cfg, weights in zip((POST, PRE), pushed_weights(call, [POST, PRE], "causal"), strict=True):
         base = batch(rng, cfg, src_lens=[5, 3], tgt_lens=[7, 7])
         variants, cuts = [forward_inputs(base)], (0, 3, 5)
         for t in cuts:
             v = forward_inputs(base)
             variants.append({**v, "tgt_in": changed(rng, v["tgt_in"], cfg["tgt_vocab"], t + 1)})
-        r = call("forward_logits", cfg=cfg, seed=12, batches=variants)
+        r = call("forward_logits", cfg=cfg, weights=weights, batches=variants)
+        assert_holds(f"{cfg['norm']}-LN", r["state_dict"], weights)
         ref = r["logits"][0]
-        params = contract_params(cfg, seed=12)
+        params = contract_params(cfg, seed=draw_seed("causal anchor", cfg["norm"]))
         for i, (t, got) in enumerate(zip(cuts, r["logits"][1:], strict=True)):
             label = f"{cfg['norm']}-LN: logits at positions 0..{t} after changing the targets "
             assert_equal_bits(
@@ -77,7 +81,7 @@ def check_decoder_is_causal(call: Call) -> None:
 def check_source_padding_is_never_read(call: Call) -> None:
     # The ids at padded source positions, and how much padding follows, change nothing.
     rng = np.random.default_rng(3)
-    for cfg in (POST, PRE):
+    for cfg, weights in zip((POST, PRE), pushed_weights(call, [POST, PRE], "padding"), strict=True):
         base = forward_inputs(batch(rng, cfg, src_lens=[6, 3, 1], tgt_lens=[5, 5, 4]))
         other_ids = base["src"].copy()
         pads = ~base["src_mask"]
@@ -89,7 +93,8 @@ def check_source_padding_is_never_read(call: Call) -> None:
             {**base, "src": other_ids},
             {**base, "src": longer, "src_mask": longer_mask},
         ]
-        r = call("forward_logits", cfg=cfg, seed=13, batches=batches)
+        r = call("forward_logits", cfg=cfg, weights=weights, batches=batches)
+        assert_holds(f"{cfg['norm']}-LN", r["state_dict"], weights)
         ref, same_shape, extended = r["logits"]
         mask = base["tgt_mask"]
         assert_close(
@@ -117,10 +122,11 @@ def check_source_padding_is_never_read(call: Call) -> None:
 def check_decoder_reads_the_source(call: Call) -> None:
     # A different source changes the logits of every row.
     rng = np.random.default_rng(4)
-    for cfg in (POST, PRE):
+    for cfg, weights in zip((POST, PRE), pushed_weights(call, [POST, PRE], "source"), strict=True):
         base = forward_inputs(batch(rng, cfg, src_lens=[5, 5, 3], tgt_lens=[4, 4, 4]))
         other = np.where(base["src_mask"], changed(rng, base["src"], cfg["src_vocab"], 0), PAD)
-        r = call("forward_logits", cfg=cfg, seed=14, batches=[base, {**base, "src": other}])
+        r = call("forward_logits", cfg=cfg, weights=weights, batches=[base, {**base, "src": other}])
+        assert_holds(f"{cfg['norm']}-LN", r["state_dict"], weights)
         change = np.abs(r["logits"][1] - r["logits"][0]).max(axis=(1, 2))
         for row, c in enumerate(change):
             if not c > DEPENDS:

@@ -12,16 +12,18 @@ import numpy as np
 import oracle
 from harness.shared_tests.diagnosis import embedding_causes
 from harness.shared_tests.inputs import (
-    GOLDEN_SEED,
     PAD,
     batch,
     config,
     forward_inputs,
     golden_inputs,
+    golden_weights,
+    pushed_weights,
 )
 from harness.shared_tests.record import Call, Failure, law
 from harness.shared_tests.verdicts import (
     assert_close,
+    assert_holds,
     errors,
     read_params,
     tolerance,
@@ -37,8 +39,10 @@ def golden_comparisons(call: Call, dtype: str | None = None) -> Iterator[tuple]:
     calibration of TOL_FLOAT32 on the torch copy).
     """
     for name, cfg, b in golden_inputs():
-        r = call("golden", cfg=cfg, seed=GOLDEN_SEED, **b, eps=0.1, pad_id=PAD, dtype=dtype)
-        params = read_params(r["state_dict"], cfg)
+        weights = golden_weights(call, name, cfg)
+        r = call("golden", cfg=cfg, weights=weights, **b, eps=0.1, pad_id=PAD, dtype=dtype)
+        params = read_params(weights, cfg)
+        assert_holds(name, r["state_dict"], weights)
         logits = oracle.forward(params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"])
         cells = ("row", "position", "token")
         yield r["dtype"], f"{name}: logits", "logits", r["logits"], logits, b["tgt_mask"], cells
@@ -107,8 +111,10 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
     cfg = config(norm="pre", n_enc=1, n_dec=1)
     rng = np.random.default_rng(6)
     b = batch(rng, cfg, src_lens=[6, 3], tgt_lens=[5, 4])
-    r = call("embedding_stream", cfg=cfg, seed=16, **forward_inputs(b))
-    params = read_params(r["state_dict"], cfg)
+    weights = pushed_weights(call, [cfg], "embeddings")[0]
+    r = call("embedding_stream", cfg=cfg, weights=weights, **forward_inputs(b))
+    params = read_params(weights, cfg)
+    assert_holds("the embeddings test's model", r["state_dict"], weights)
     tol = tolerance(r["dtype"], "logits")
     for side, layer, table, ids, mask in (
         ("source", "encoder.0", params.src_table, b["src"], b["src_mask"]),
@@ -118,7 +124,7 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
         want = embed(params, table, ids)
         what = f"{side} x0 = E[ids] sqrt(d) + PE (the input of {layer})"
         if hooked is None:
-            got, want, what = through_final_norm(r, cfg, side, want)
+            got, want, what = through_final_norm(r, cfg, side, want, weights)
         last = "feature" if want.shape[-1] == cfg["d_model"] else "token"
         try:
             assert_close(what, got, want, tol, mask=mask, axes=("row", "position", last))
@@ -143,12 +149,19 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
             )
 
 
-def through_final_norm(r: dict, cfg: dict, side: str, x0: np.ndarray) -> tuple:
+def zeroed_name(name: str) -> bool:
+    """The parameters the probe embedding_stream zeroes when no layer module is called."""
+    return ".out_proj." in name or ".linear2." in name
+
+
+def through_final_norm(r: dict, cfg: dict, side: str, x0: np.ndarray, weights: dict) -> tuple:
     """x0 seen without module hooks (no layer module is ever called): the probe zeroed every
     out_proj and linear2 of the pre-LN model, so encode gives enc_norm(x0) and the logits are
     dec_norm(y0) W_out^T. (got, want, what) for that comparison: it also sees the final norms
     and the output layer, the price of a submission with no contract module to hook."""
-    zeroed = read_params(r["zeroed_state_dict"], cfg)
+    zeroed_weights = {k: 0.0 * v if zeroed_name(k) else v for k, v in weights.items()}
+    assert_holds("the model with its sublayers zeroed", r["zeroed_state_dict"], zeroed_weights)
+    zeroed = read_params(zeroed_weights, cfg)
     a = zeroed.arrays
     if side == "source":
         want = layer_norm(x0, a["enc_norm.weight"], a["enc_norm.bias"], cfg["ln_eps"])

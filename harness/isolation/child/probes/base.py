@@ -51,9 +51,14 @@ def _smoke_inputs(cfg: dict[str, Any]) -> tuple[torch.Tensor, ...]:
 
 
 def build(
-    module: ModuleType, cfg: dict[str, Any], seed: int, only: str | None = None
+    module: ModuleType,
+    cfg: dict[str, Any],
+    seed: int = 0,
+    only: str | None = None,
+    weights: dict[str, np.ndarray] | None = None,
 ) -> tuple[torch.nn.Module, str]:
-    """The subject's model for `cfg`, initialized under `seed`, in eval mode, and its dtype.
+    """The subject's model for `cfg`, in eval mode, and its dtype: initialized under `seed`, then
+    given the parent's `weights` (by the subject's own state_dict names) when there are any.
 
     float64 where the subject runs in it (a tiny forward pass tells); otherwise the same model
     rebuilt in float32, whose tolerances the parent calibrated on the float32 torch copy.
@@ -70,6 +75,8 @@ def build(
             if dtype == dtypes[-1]:
                 raise
             continue
+        if weights is not None:
+            load_weights(model, weights)
         return model, str(dtype).removeprefix("torch.")
     raise AssertionError("unreachable")
 
@@ -79,18 +86,24 @@ def load_weights(model: torch.nn.Module, weights: dict[str, np.ndarray]) -> None
     its persistent buffers, if any, keep their own values."""
     dtype = next(model.parameters()).dtype
     state = model.state_dict()
-    state.update({k: torch.from_numpy(v).to(dtype) for k, v in weights.items()})
+    state.update({k: torch.from_numpy(np.asarray(v)).to(dtype) for k, v in weights.items()})
     model.load_state_dict(state)
 
 
 @probe
-def parameter_shapes(module, cfgs) -> list[dict[str, list[int]]]:
+def parameter_layout(module, cfgs) -> list[dict[str, Any]]:
     """For each config, the parameters' state_dict names and shapes (persistent buffers left
-    out): what the decoding tests draw weights for."""
+    out), and which names share one tensor (name -> the first name listing that tensor): what
+    the parent draws its weights for."""
     out = []
     for cfg in cfgs:
         model = module.Transformer(module.TransformerConfig(**cfg))
         buffers = persistent_buffers(model)
-        state = model.state_dict()
-        out.append({k: list(t.shape) for k, t in state.items() if k not in buffers})
+        state = {k: t for k, t in model.state_dict().items() if k not in buffers}
+        first: dict[tuple, str] = {}
+        aliases = {}
+        for k, t in state.items():
+            where = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+            aliases[k] = first.setdefault(where, k)
+        out.append({"shapes": {k: list(t.shape) for k, t in state.items()}, "aliases": aliases})
     return out

@@ -15,6 +15,7 @@ from harness.isolation.child.probes.base import (
     build,
     load_weights,
     numpy_of,
+    parameters_by_name,
     probe,
     tensor_of,
 )
@@ -24,13 +25,13 @@ from harness.isolation.child.probes.hooks import (
 
 
 @probe
-def decode_steps(module, cfg, seed, src, src_mask, tgt_in) -> dict[str, Any]:
+def decode_steps(module, cfg, src, src_mask, tgt_in, weights=None, seed=0) -> dict[str, Any]:
     """decode on the whole target, and decode_step position by position from init_state.
 
     Also steps twice from the same states (the first and a middle one): decode_step must not
     mutate the state it is given.
     """
-    model, dtype = build(module, cfg, seed)
+    model, dtype = build(module, cfg, seed, weights=weights)
     src, src_mask, tgt_in = tensor_of(src), tensor_of(src_mask), tensor_of(tgt_in)
     T = tgt_in.shape[1]
     with torch.no_grad():
@@ -49,6 +50,7 @@ def decode_steps(module, cfg, seed, src, src_mask, tgt_in) -> dict[str, Any]:
             again[str(t)] = numpy_of(logits)
     return {
         "dtype": dtype,
+        "state_dict": parameters_by_name(model),
         "full": numpy_of(full),
         "steps": np.stack(steps, axis=1),
         "again": again,
@@ -63,8 +65,7 @@ def translations(
     training mode it leaves, a save_transformer / load_transformer round trip, and the forward
     logits along the parent's decoding `paths` ({"tgt_in", "tgt_mask"}), so the parent can tell
     a search fault from a forward-pass fault."""
-    model, dtype = build(module, cfg, 0)
-    load_weights(model, weights)
+    model, dtype = build(module, cfg, weights=weights)
     model.train(train_mode)
     src = tensor_of(src)
     outputs, modes = [], []
@@ -83,7 +84,30 @@ def translations(
         types |= {type(tok).__name__ for row in out for tok in row}
     for handle in handles:
         handle.remove()
+    held = parameters_by_name(model)
     model.eval()
+    along = None
+    if paths is not None:
+        with torch.no_grad():
+            along = numpy_of(
+                model(src, tensor_of(paths["tgt_in"]), src != pad_id, tensor_of(paths["tgt_mask"]))
+            )
+    return {
+        "forward_along_paths": along,
+        "state_dict": held,
+        "dtype": dtype,
+        "outputs": outputs,
+        "training_after": modes,
+        "types": sorted(types),
+        "grad_during": any(grad_seen),
+        "modules_seen": len(grad_seen),
+        **round_trip(module, model, src, bos, pad_id),
+    }
+
+
+def round_trip(module, model, src, bos, pad_id) -> dict[str, Any]:
+    """save_transformer then load_transformer of an eval-mode model: the files written, the
+    tensor names model.safetensors holds, and the logits of one step before and after."""
     mask = src != pad_id
     tgt = torch.full((src.shape[0], 1), bos)
     ones = torch.ones_like(tgt, dtype=torch.bool)
@@ -98,19 +122,7 @@ def translations(
             header = sorted(k for k in json.loads(raw[8 : 8 + n]) if k != "__metadata__")
         loaded = module.load_transformer(tmp).eval()
         after = loaded(src, tgt, mask, ones)
-        along = None
-        if paths is not None:
-            along = numpy_of(
-                model(src, tensor_of(paths["tgt_in"]), mask, tensor_of(paths["tgt_mask"]))
-            )
     return {
-        "forward_along_paths": along,
-        "dtype": dtype,
-        "outputs": outputs,
-        "training_after": modes,
-        "types": sorted(types),
-        "grad_during": any(grad_seen),
-        "modules_seen": len(grad_seen),
         "files": files,
         "safetensors_keys": header,
         "state_dict_keys": sorted(model.state_dict()),
@@ -120,20 +132,45 @@ def translations(
 
 
 @probe
-def decode_step_work(module, cfg, seed, src, src_mask, tgt_in) -> dict[str, Any]:
-    """The floating-point operations of matrix products (torch's FlopCounterMode: mm, addmm, bmm,
-    attention kernels) in each decode_step call, position by position from init_state."""
-    from torch.utils.flop_counter import FlopCounterMode
+def save_load(module, cases, src, bos, pad_id) -> list[dict[str, Any]]:
+    """round_trip of one model per case ({"cfg", "weights"}: the parent's weights loaded)."""
+    out = []
+    for case in cases:
+        model, dtype = build(module, case["cfg"], weights=case["weights"])
+        out.append({"dtype": dtype, **round_trip(module, model, tensor_of(src), bos, pad_id)})
+    return out
 
-    model, dtype = build(module, cfg, seed)
-    src, src_mask, tgt_in = tensor_of(src), tensor_of(src_mask), tensor_of(tgt_in)
-    flops = []
+
+# One decoding session per worker: the model, the encoder's output and the latest state, kept
+# between calls so that the parent can choose each step's token after the previous reply and
+# change weights between steps.
+_SESSION: dict[str, Any] = {}
+
+
+@probe
+def decode_session_open(module, cfg, weights, src, src_mask) -> dict[str, Any]:
+    """Start a session: the model with the parent's weights, encode(src), init_state."""
+    _SESSION.clear()
+    model, dtype = build(module, cfg, weights=weights)
+    src, src_mask = tensor_of(src), tensor_of(src_mask)
     with torch.no_grad():
         memory = model.encode(src, src_mask)
         state = model.init_state(src_mask)
-        for t in range(tgt_in.shape[1]):
-            counter = FlopCounterMode(display=False)
-            with counter:
-                _, state = model.decode_step(tgt_in[:, t], memory, state)
-            flops.append(int(counter.get_total_flops()))
-    return {"dtype": dtype, "flops": flops}
+    _SESSION.update(model=model, memory=memory, state=state)
+    return {"dtype": dtype, "state_dict": parameters_by_name(model)}
+
+
+@probe
+def decode_session_step(module, y_prev, set_weights=None) -> dict[str, Any]:
+    """One decode_step of the session from its latest state, after loading `set_weights` (some
+    of the parameters, by state_dict name) into the model if given; the step's logits."""
+    if not _SESSION:
+        raise RuntimeError("decode_session_step before decode_session_open")
+    model = _SESSION["model"]
+    if set_weights:
+        load_weights(model, set_weights)
+    with torch.no_grad():
+        logits, _SESSION["state"] = model.decode_step(
+            tensor_of(y_prev), _SESSION["memory"], _SESSION["state"]
+        )
+    return {"logits": numpy_of(logits)}

@@ -22,10 +22,12 @@ from harness.isolation.child.probes.hooks import (
 
 
 @probe
-def dropout_logits(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+def dropout_logits(
+    module, cfg, src, tgt_in, src_mask, tgt_mask, weights=None, seed=0
+) -> dict[str, Any]:
     """One model's logits: eval mode, then training mode twice (other dropout draws), then eval
     mode again."""
-    model, dtype = build(module, cfg, seed)
+    model, dtype = build(module, cfg, seed, weights=weights)
     inputs = (tensor_of(src), tensor_of(tgt_in), tensor_of(src_mask), tensor_of(tgt_mask))
     with torch.no_grad():
         before = numpy_of(model(*inputs))
@@ -36,11 +38,18 @@ def dropout_logits(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[s
             train.append(numpy_of(model(*inputs)))
         model.eval()
         after = numpy_of(model(*inputs))
-    return {"dtype": dtype, "eval": [before, after], "train": train}
+    return {
+        "dtype": dtype,
+        "eval": [before, after],
+        "train": train,
+        "state_dict": parameters_by_name(model),
+    }
 
 
 @probe
-def dropout_sites(module, cfg, seed, src, tgt_in, src_mask, tgt_mask, draw) -> dict[str, Any]:
+def dropout_sites(
+    module, cfg, src, tgt_in, src_mask, tgt_mask, draw, weights=None, seed=0
+) -> dict[str, Any]:
     """What enters and leaves each contract-named submodule in one forward pass in eval mode,
     then in one in training mode (torch.manual_seed(draw) first), with gradients enabled (under
     no_grad torch's own layers take a fused path that skips their submodules' hooks).
@@ -49,7 +58,7 @@ def dropout_sites(module, cfg, seed, src, tgt_in, src_mask, tgt_mask, draw) -> d
     call (a tuple counts by its first element); and the state_dict, whose out_proj weights let
     the parent split an attention output into its heads.
     """
-    model, dtype = build(module, cfg, seed)
+    model, dtype = build(module, cfg, seed, weights=weights)
     inputs = (tensor_of(src), tensor_of(tgt_in), tensor_of(src_mask), tensor_of(tgt_mask))
     seen: dict[str, dict[str, np.ndarray]] = {}
 
@@ -81,14 +90,16 @@ def dropout_sites(module, cfg, seed, src, tgt_in, src_mask, tgt_mask, draw) -> d
 
 
 @probe
-def train_eval_logits(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+def train_eval_logits(
+    module, cfg, src, tgt_in, src_mask, tgt_mask, weights=None, seed=0
+) -> dict[str, Any]:
     """One model's logits in eval mode and in training mode, with gradients enabled (the same
     path in both modes: under no_grad torch's own layers take a fused path in eval mode only)."""
-    model, dtype = build(module, cfg, seed)
+    model, dtype = build(module, cfg, seed, weights=weights)
     inputs = (tensor_of(src), tensor_of(tgt_in), tensor_of(src_mask), tensor_of(tgt_mask))
     out = {}
     for mode in ("eval", "train"):
         model.train(mode == "train")
         torch.manual_seed(0)
         out[mode] = numpy_of(model(*inputs))
-    return {"dtype": dtype, **out}
+    return {"dtype": dtype, **out, "state_dict": parameters_by_name(model)}

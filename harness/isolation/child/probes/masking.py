@@ -9,15 +9,16 @@ import torch
 from harness.isolation.child.probes.base import (
     build,
     numpy_of,
+    parameters_by_name,
     probe,
     tensor_of,
 )
 
 
 @probe
-def forward_logits(module, cfg, seed, batches) -> dict[str, Any]:
+def forward_logits(module, cfg, batches, weights=None, seed=0) -> dict[str, Any]:
     """forward(src, tgt_in, src_mask, tgt_mask) of one model on each batch, in eval mode."""
-    model, dtype = build(module, cfg, seed)
+    model, dtype = build(module, cfg, seed, weights=weights)
     with torch.no_grad():
         logits = [
             numpy_of(
@@ -30,4 +31,4 @@ def forward_logits(module, cfg, seed, batches) -> dict[str, Any]:
             )
             for b in batches
         ]
-    return {"dtype": dtype, "logits": logits}
+    return {"dtype": dtype, "logits": logits, "state_dict": parameters_by_name(model)}

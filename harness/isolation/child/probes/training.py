@@ -10,6 +10,7 @@ import torch
 
 from harness.isolation.child.probes.base import (
     build,
+    load_weights,
     numpy_of,
     parameters_by_name,
     probe,
@@ -64,10 +65,10 @@ def _fit(module, model, data, seed, **kw) -> dict[str, Any]:
 
 
 @probe
-def fit_runs(module, cfg, seed, data, steps, batch, warmup, factor, lr, fit_seed):
+def fit_runs(module, cfg, data, steps, batch, warmup, factor, lr, fit_seed, weights=None, seed=0):
     """fit on one initial model: twice with the Noam schedule and the same seed, once with a
     constant rate, once from eval mode, and one update whose parameter change shows its rate."""
-    model, dtype = build(module, cfg, seed)
+    model, dtype = build(module, cfg, seed, weights=weights)
     init = {name: t.clone() for name, t in model.state_dict().items()}
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor}
     runs = {}
@@ -103,9 +104,18 @@ class _Stop(Exception):
 
 
 @probe
-def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr, stop=None):
+def learn(
+    module, cfg, data, steps, batch, warmup, factor, lr, stop=None, weights=None, seed=0, first=None
+):
     """fit for `steps` updates; the trained weights, which the parent judges with the oracle
     (never the subject's own logits or loss).
+
+    weights (optional): the parent's initial weights, loaded before training.
+
+    first (optional) {"data", "weights", "smoothing"}: before the run, one update of fit with
+    all of `data` as its one batch, on a model (float64 where the subject runs in it) holding
+    `weights`; its parameters after the update, for the parent to compare with the oracle's own
+    Adam step (a fit that makes no update, or not from its data and weights, shows there).
 
     stop (optional) {"src", "tgt", "pad_id", "every", "below"}: after every `every`-th update the
     model's own eval-mode cross-entropy on those rows is computed here (numpy's log-softmax of
@@ -113,10 +123,26 @@ def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr, stop=None):
     subject's numbers; the verdict is the parent's, on the weights. Eval-mode passes draw no
     random numbers, so the updates run are the same as without the checks.
     """
+    kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
+    first_update = None
+    if first is not None:
+        one, one_dtype = build(module, cfg, seed, weights=first["weights"])
+        rows = len(first["data"]["src"])
+        one_losses = module.fit(
+            one, tensor_of(first["data"]["src"]), tensor_of(first["data"]["tgt"]),
+            pad_id=first["data"]["pad_id"], seed=seed, smoothing=first["smoothing"],
+            **{**kw, "steps": 1, "batch": rows},
+        )  # fmt: skip
+        first_update = {
+            "dtype": one_dtype,
+            "after": parameters_by_name(one),
+            "losses": [float(x) for x in one_losses],
+        }
     torch.manual_seed(seed)
     # the model's own dtype (float32 as users train it): a learning bar, not a rounding check
     model = module.Transformer(module.TransformerConfig(**cfg))
-    kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
+    if weights is not None:
+        load_weights(model, weights)
     updates = [0]
 
     def own_loss() -> float:
@@ -147,4 +173,9 @@ def learn(module, cfg, seed, data, steps, batch, warmup, factor, lr, stop=None):
         losses = [float(x) for x in losses]
     except _Stop:
         losses = None
-    return {"losses": losses, "updates": updates[0], "state_dict": parameters_by_name(model)}
+    return {
+        "losses": losses,
+        "updates": updates[0],
+        "state_dict": parameters_by_name(model),
+        "first_update": first_update,
+    }

@@ -22,9 +22,22 @@ from harness.isolation.child.probes.hooks import (
 
 
 @probe
-def golden(module, cfg, seed, src, tgt_in, tgt_out, src_mask, tgt_mask, eps, pad_id, dtype=None):
+def golden(
+    module,
+    cfg,
+    src,
+    tgt_in,
+    tgt_out,
+    src_mask,
+    tgt_mask,
+    eps,
+    pad_id,
+    dtype=None,
+    weights=None,
+    seed=0,
+):
     """Logits, the smoothed loss and every gradient (by named_parameters name), in eval mode."""
-    model, dtype = build(module, cfg, seed, only=dtype)
+    model, dtype = build(module, cfg, seed, only=dtype, weights=weights)
     logits = model(tensor_of(src), tensor_of(tgt_in), tensor_of(src_mask), tensor_of(tgt_mask))
     loss = module.label_smoothed_loss(logits, tensor_of(tgt_out), eps, pad_id)
     model.zero_grad(set_to_none=True)
@@ -46,17 +59,19 @@ def golden(module, cfg, seed, src, tgt_in, tgt_out, src_mask, tgt_mask, eps, pad
 
 @probe
 def state_dict(module, cfg, seed) -> dict[str, Any]:
-    """The freshly initialized model's state_dict."""
+    """The freshly initialized model's state_dict (its own initialization, for the init law)."""
     model, dtype = build(module, cfg, seed)
     return {"dtype": dtype, "state_dict": parameters_by_name(model)}
 
 
 @probe
-def embedding_stream(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+def embedding_stream(
+    module, cfg, src, tgt_in, src_mask, tgt_mask, weights=None, seed=0
+) -> dict[str, Any]:
     """What the first encoder layer and the first decoder layer receive in one forward pass
     (x0 and y0: modules found by the contract's names, torch's stack names translated), and
     the parameters: the parent checks x0 = E[ids] sqrt(d) + PE from them, nothing else."""
-    model, dtype = build(module, cfg, seed)
+    model, dtype = build(module, cfg, seed, weights=weights)
     seen = first_calls(model, lambda name: name in ("encoder.0", "decoder.0"))
     # gradients stay enabled: under no_grad torch's own layers may take a fused path
     model(tensor_of(src), tensor_of(tgt_in), tensor_of(src_mask), tensor_of(tgt_mask))
@@ -85,11 +100,13 @@ def embedding_stream(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict
 
 
 @probe
-def module_outputs(module, cfg, seed, src, tgt_in, src_mask, tgt_mask) -> dict[str, Any]:
+def module_outputs(
+    module, cfg, src, tgt_in, src_mask, tgt_mask, weights=None, seed=0
+) -> dict[str, Any]:
     """What each contract-named submodule received and returned during one forward pass (its
     first call, in order of completion), and the weights: the parent's diagnosis recomputes
     each module's contract function from the module's own input with the oracle."""
-    model, dtype = build(module, cfg, seed)
+    model, dtype = build(module, cfg, seed, weights=weights)
     seen = first_calls(model, lambda name: bool(CONTRACT_NAME.match(name)))
     # gradients stay enabled: under no_grad torch's own layers take a fused fast path that
     # never calls their submodules, so their hooks would not fire

@@ -1,0 +1,87 @@
+"""Verdicts no subject can steer (issue 21), against the real sandbox: every value a verdict
+depends on is chosen by the parent (weights, inputs, the task instance, the moments of
+measurement) or computed by the oracle; the subject supplies outputs only.
+
+Each attack is an overlay on a correct submission (the torch copy) in tests/harness_tests/hostile/
+and is graded by `xfmr grade`'s own function on the tests it targets: the attacked test fails
+with a reason that names what the attack did, and the tests it does not touch still pass (no
+over-charge). The correct classmate passes all of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.jobs.grade import grade
+from harness.outcomes import Outcome
+from harness.shared_tests.laws import BY_NAME
+
+pytestmark = pytest.mark.slow  # four sandboxed grades, two of them with the learning test
+
+ROOT = Path(__file__).resolve().parents[2]
+HOSTILE = Path(__file__).parent / "hostile"
+
+
+def submission(folder: Path, name: str | None) -> Path:
+    """The torch copy, with the named overlay appended (None: the correct classmate)."""
+    text = (ROOT / "impl" / "torch_copy.py").read_text()
+    if name is not None:
+        text += "\n\n" + (HOSTILE / f"{name}.py").read_text()
+    path = folder / f"{name or 'classmate'}.py"
+    path.write_text(text)
+    return path
+
+
+def outcomes(path: Path, tests: list[str]) -> dict[str, tuple[Outcome, str]]:
+    g = grade(path, [BY_NAME[t] for t in tests])
+    assert not g.rejected and not g.error, (g.rejected, g.error)
+    return {r.name: (Outcome(r.outcome), r.message) for r in g.tests}
+
+
+VALUES = ["test_golden_torch", "test_decoder_is_causal", "test_embeddings_scaled_and_tied"]
+DECODING = ["test_decode_step_equals_forward", "test_decode_step_reads_a_kv_cache"]
+LEARNING = ["test_learns_reversed_addition"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return tmp_path_factory.mktemp("verdicts")
+
+
+def test_the_correct_classmate_passes_every_attacked_test(folder):
+    got = outcomes(submission(folder, None), VALUES + DECODING + LEARNING)
+    assert all(o is Outcome.PASSED for o, _ in got.values()), got
+
+
+def test_zero_weights_pass_no_value_test(folder):
+    # every parameter 0 and a forward pass of zeros: trivial against its own weights, wrong
+    # against the parent's
+    got = outcomes(submission(folder, "verdict_zero_weights"), VALUES)
+    assert got["test_golden_torch"][0] is Outcome.KILLED
+    assert "logits" in got["test_golden_torch"][1]
+    assert got["test_decoder_is_causal"][0] is Outcome.KILLED  # it reads no target at all
+
+
+def test_a_model_that_keeps_its_own_weights_is_judged_on_the_parents(folder):
+    got = outcomes(submission(folder, "verdict_own_weights"), VALUES)
+    for test in VALUES:
+        outcome, message = got[test]
+        assert outcome is Outcome.KILLED, (test, message)
+        assert "does not hold the weights the test loaded" in message, (test, message)
+
+
+def test_a_recomputed_prefix_hidden_from_counters_fails_the_kv_cache_law_only(folder):
+    got = outcomes(submission(folder, "verdict_flop_dodge"), DECODING)
+    assert got["test_decode_step_equals_forward"][0] is Outcome.PASSED  # its values are right
+    outcome, message = got["test_decode_step_reads_a_kv_cache"]
+    assert outcome is Outcome.KILLED
+    assert "recomputed" in message and "not read from a cache" in message
+
+
+def test_weights_not_learned_from_the_given_data_fail_the_learning_test(folder):
+    got = outcomes(submission(folder, "verdict_checkpoint"), LEARNING)
+    outcome, message = got["test_learns_reversed_addition"]
+    assert outcome is Outcome.KILLED
+    assert "not Adam's step from the weights and the batch fit was given" in message
