@@ -32,7 +32,7 @@ from harness.isolation.worker import (
     WorkerTimeout,
 )
 from harness.outcomes import Outcome
-from harness.shared_tests.record import Call, Failure, Test, calling
+from harness.shared_tests.record import Call, Failure, Test
 from harness.subjects import Subject
 from harness.work import Executor, LocalExecutor, Unit
 
@@ -112,11 +112,11 @@ def run_test(test: Test, worker: Worker) -> Cell:
     start = time.monotonic()
     deadline = start + test.timeout
 
-    def run(probe: str, **inputs: Any) -> Any:
+    def call(probe: str, **inputs: Any) -> Any:
         return worker.call(probe, deadline, **inputs)
 
     try:
-        test.check(calling(run, worker.cpu_seconds))
+        test.check(call)
         outcome, message = Outcome.PASSED, ""
     except Failure as e:
         outcome, message = Outcome.KILLED, str(e)
@@ -344,9 +344,6 @@ def trusted_call(subject: Subject, timeout: float = 600.0) -> Iterator[Call]:
     tolerances from impl or the torch copy: the same probes and wire as a test's."""
     worker = trusted(subject).worker()
     try:
-        yield calling(
-            lambda probe, **inputs: worker.call(probe, time.monotonic() + timeout, **inputs),
-            worker.cpu_seconds,
-        )
+        yield lambda probe, **inputs: worker.call(probe, time.monotonic() + timeout, **inputs)
     finally:
         worker.close()

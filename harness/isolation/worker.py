@@ -221,12 +221,6 @@ class Worker:
         self._log.seek(max(0, size - n))
         return self._log.read().decode(errors="replace").strip()
 
-    def cpu_seconds(self) -> float:
-        """The CPU time (user and system) the kernel has accounted to the worker and every
-        process under it, read from outside (see `tree_cpu_seconds`): nothing the subject runs
-        can switch this measurement off."""
-        return tree_cpu_seconds(self.pid)
-
     def kill(self) -> None:
         """Kill the worker and everything it started, and reap it."""
         self.process.kill()
@@ -241,46 +235,6 @@ class Worker:
                 os.close(fd)
             self._log.close()
             self.process.release()
-
-
-_CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (which may hold spaces), or None."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read().decode(errors="replace")
-    except OSError:
-        return None
-    return raw[raw.rfind(")") + 2 :].split()
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """CPU seconds of `root` and every process below it, as the kernel accounts them: for each
-    live process its own user and system time (every thread, live or ended) plus that of the
-    children it has reaped (utime, stime, cutime, cstime of /proc/PID/stat, in clock ticks).
-    A sandbox's orphans are reparented to its own init, which lies below `root`, so they stay
-    counted; time of a process that ended unreaped is lost only until its parent reaps it.
-    Resolution: one clock tick (1/SC_CLK_TCK, 10 ms here): measure stretches of work, not
-    single calls."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat_fields(int(entry))
-            if fields is not None and len(fields) > 1:
-                children.setdefault(int(fields[1]), []).append(int(entry))
-    total, todo, seen = 0, [root], set()
-    while todo:
-        pid = todo.pop()
-        if pid in seen:
-            continue
-        seen.add(pid)
-        fields = _stat_fields(pid)
-        if fields is not None and len(fields) > 14:
-            total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
-        todo.extend(children.get(pid, []))
-    return total / _CLOCK_TICKS
 
 
 def kill_group(pid: int, reaped: bool) -> None:

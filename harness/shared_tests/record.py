@@ -14,31 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-
-class Call(Protocol):
-    """How a check reaches the subject: `call(probe_name, **inputs)` runs one probe in the
-    subject's worker and returns its value (plain data); `call.cpu_seconds()` is the CPU time the
-    kernel has accounted to the worker's processes so far, read by the parent from outside."""
-
-    def __call__(self, probe: str, /, **inputs: Any) -> Any: ...
-
-    def cpu_seconds(self) -> float: ...
-
-
-def calling(run: Callable[..., Any], cpu_seconds: Callable[[], float]) -> Call:
-    """A Call from a function that runs probes and one that reads the worker's CPU time."""
-
-    class _Call:
-        def __call__(self, probe: str, /, **inputs: Any) -> Any:
-            return run(probe, **inputs)
-
-        def cpu_seconds(self) -> float:
-            return cpu_seconds()
-
-    return _Call()
-
+# call(probe_name, **inputs) -> the probe's value (plain data)
+Call = Callable[..., Any]
 
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's
 
