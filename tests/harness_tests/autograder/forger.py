@@ -1,5 +1,3 @@
-
-
 # --- appended by the forging submission: a setsid daemon that rewrites results.json ----------
 import subprocess as _subprocess
 import sys as _sys
