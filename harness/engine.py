@@ -32,6 +32,7 @@ from harness.isolation.worker import (
     WorkerTimeout,
 )
 from harness.outcomes import Outcome
+from harness.shared_tests.inputs import draw_secret, set_draw_secret
 from harness.shared_tests.record import Call, Failure, Test
 from harness.subjects import Subject
 from harness.work import Executor, LocalExecutor, Unit
@@ -288,7 +289,15 @@ def _row_unit(
             raise ValueError(f"only the registered shared tests run on a cluster, not {strays}")
         load = subject.payload()
         tests_ = [t.name for t in tests]
-        return {"subject": subject.to_json(), "load": load, "tests": tests_, "trace": trace}
+        # the run's secret travels with the unit: every row of a run judges on the same draws
+        draw = draw_secret()
+        return {
+            "subject": subject.to_json(),
+            "load": load,
+            "tests": tests_,
+            "trace": trace,
+            "draw": draw,
+        }
 
     def lost(why: str) -> Row:
         return Row({t.name: Cell(Outcome.ERROR, why) for t in tests}, [], 0.0)
@@ -304,6 +313,8 @@ def run_row(payload: dict[str, Any]) -> dict[str, Any]:
 
     subject = Subject.from_json(payload["subject"])
     tests = [BY_NAME[name] for name in payload["tests"]]
+    if "draw" in payload:
+        set_draw_secret(payload["draw"])
     t0 = time.monotonic()
     spec = payload["load"]
     launch = lambda s: Launch(forked, spec)  # noqa: E731

@@ -63,6 +63,7 @@ from harness.reports.gradescope import refusal
 from harness.reports.safe import to_csv
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.diagnosis import diagnose
+from harness.shared_tests.inputs import draw_secret, set_draw_secret
 from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 from harness.shared_tests.record import VISIBILITIES, Test
 from harness.subjects import Kind, Subject
@@ -612,6 +613,7 @@ def _grade_unit(
         except (OSError, work.TooLarge) as e:
             files = {"unreadable": f"{type(e).__name__}: {e}"}
         return {
+            "draw": draw_secret(),  # every grade of a batch judges on the same draws
             "shown": str(path),
             "files": files,
             "tests": [t.name for t in tests],
@@ -646,6 +648,8 @@ def grade_shipped(payload: dict[str, Any]) -> dict[str, Any]:
     shown = Path(payload["shown"])
     tests = [BY_NAME[name] for name in payload["tests"]]
     limits = Limits(**payload["limits"])
+    if "draw" in payload:
+        set_draw_secret(payload["draw"])
     with tempfile.TemporaryDirectory(prefix="xfmr-shipped-") as folder:
         path = Path(folder) / shown.name
         if "unreadable" in payload["files"]:

@@ -203,53 +203,49 @@ def learning_params(state: Any, cfg: dict, what: str) -> tuple[Any, dict[str, st
 
 
 # Adam's first step moves every parameter whose gradient is well above Adam's eps by the rate,
-# against the gradient's sign. A fit that makes no update agrees on no entry, weights loaded
-# from elsewhere on about half; an honest fit agrees on all but the entries whose gradient its
-# own numbers round differently. FIRST_UPDATE_AGREE is the share that must agree: low enough
-# that a loss with another smoothing or a dropout left on (other laws' faults, charged there)
-# still passes, far above what no update or foreign weights reach.
-FIRST_UPDATE_AGREE = 0.9
+# against the gradient's sign. A fit that makes no update agrees on no entry, weights trained on
+# other data on about half; an honest fit agrees on every entry but those whose gradient rounds
+# differently between two passes (impl and the torch copy: 100%). FIRST_UPDATE_AGREE is the
+# share that must agree: halfway between a step in a random direction (a half) and an honest
+# one, so that a dropout left on when asked to be off (c01: 92%, its two passes drawing other
+# masks; a fault of the dropout laws, charged there) passes.
+FIRST_UPDATE_AGREE = 0.75
 # How far from Adam's step an agreeing entry may move, as a share of the rate: the step's sign
-# and size, not its last digits (those follow the loss's own details, which its own test judges).
+# and size, not its last digits.
 FIRST_UPDATE_RATE_TOL = 1e-2
 
 
 def check_first_update(got: Any, first: dict, cfg: dict, recipe: dict) -> None:
     """fit(steps=1) with all of first["data"] as one batch, from first["weights"], moved the
-    parameters by Adam's first step on the oracle's gradient: -rate g / (|g| + 1e-9) (the bias
-    corrections make m = g and v = g^2; a table tied to others moves by its summed gradient).
+    parameters by Adam's first step on the gradient of that batch: -rate g / (|g| + 1e-9) (the
+    bias corrections make m = g and v = g^2).
 
-    One batch of every row makes the shuffle order irrelevant, and dropout is 0 in the learning
-    config, so nothing of the subject's own draws enters. Entries whose gradient is below FLOOR
-    of the largest are left out (rounding of g in the subject's dtype may flip their step); of
-    the rest FIRST_UPDATE_AGREE must move by the step within FIRST_UPDATE_RATE_TOL of the rate,
-    plus four
-    ulps of the weight. A fit that makes no update, or not from its data and its weights,
-    fails here."""
+    g is the subject's own gradient of its own loss there (the probe computes it on the same
+    model before fit): this law is that fit updates from the weights and the data it is given;
+    whether the gradient is the oracle's is the golden test's law, and a forward-pass fault
+    must not be charged here again. One batch of every row makes the shuffle order irrelevant,
+    and dropout is 0 in the learning config. Entries whose gradient is below FLOOR of the
+    largest are left out (rounding may flip their step); of the rest FIRST_UPDATE_AGREE must
+    move by the step within FIRST_UPDATE_RATE_TOL of the rate, plus four ulps of the weight.
+    A fit that makes no update, or not from its data and its weights, fails here."""
     if not isinstance(got, dict) or got.get("dtype") not in ("float32", "float64"):
         raise Failure("fit's first update could not be read back")
     floor = 1e-6 if got["dtype"] == "float64" else 1e-3
     ulp = np.finfo(np.float64 if got["dtype"] == "float64" else np.float32).eps
-    params0, stands = learning_params(first["weights"], cfg, "the weights loaded before fit")
+    params0, copies = learning_params(first["weights"], cfg, "the weights loaded before fit")
     after, _ = learning_params(got["after"], cfg, "the weights after fit's first update")
-    d = first["data"]
-    tgt_in, tgt_out = d["tgt"][:, :-1], d["tgt"][:, 1:]
-    _, grads = oracle.loss_and_grads(
-        params0, d["src"], tgt_in, tgt_out, d["src"] != PAD, tgt_in != PAD, first["smoothing"], PAD
-    )
-    g_all = dict(getattr(grads, "arrays", grads))
-    for table, listed in stands.items():  # one tensor for tied tables: their summed gradient
-        g_all[listed] = g_all[listed] + g_all.pop(table)
+    grads, _ = learning_params(got["grads"], cfg, "the gradients of fit's first batch")
     rate = recipe["lr"]
     if rate is None:
         rate = oracle.noam_rate(0, cfg["d_model"], recipe["warmup"], recipe["factor"])
     if len(got["losses"]) != 1:
         raise Failure(f"fit(steps=1) returned {len(got['losses'])} losses")
-    gmax = max(float(np.abs(g).max(initial=0.0)) for g in g_all.values())
+    keys = sorted(set(grads.arrays) - set(copies))  # a tied table once, by the name listed
+    gmax = max(float(np.abs(grads.arrays[k]).max(initial=0.0)) for k in keys)
     agree = judged = 0
     worst = None
-    for key in sorted(g_all):
-        g, w0 = g_all[key], params0.arrays[key]
+    for key in keys:
+        g, w0 = np.asarray(grads.arrays[key], dtype=np.float64), params0.arrays[key]
         want = -rate * g / (np.abs(g) + 1e-9)
         moved = np.asarray(after.arrays[key], dtype=np.float64) - w0
         mask = np.abs(g) >= floor * gmax
@@ -262,10 +258,10 @@ def check_first_update(got: Any, first: dict, cfg: dict, recipe: dict) -> None:
             worst = f"{key}{list(i)} moved by {moved[i]:.6g}, Adam's step {want[i]:.6g}"
     if judged == 0 or agree < FIRST_UPDATE_AGREE * judged:
         raise Failure(
-            f"fit(steps=1) over one batch of {len(d['src'])} rows moved {agree} of {judged} "
-            f"parameters by Adam's first step on the oracle's gradient at rate {rate:.6g} "
-            f"(at least {FIRST_UPDATE_AGREE:.0%} must; e.g. {worst}): the update is not Adam's "
-            "step from the weights and the batch fit was given"
+            f"fit(steps=1) over one batch of {len(first['data']['src'])} rows moved {agree} of "
+            f"{judged} parameters by Adam's first step on the gradient of that batch at rate "
+            f"{rate:.6g} (at least {FIRST_UPDATE_AGREE:.0%} must; e.g. {worst}): the update is "
+            "not Adam's step from the weights and the batch fit was given"
         )
 
 

@@ -99,6 +99,25 @@ def fit_runs(module, cfg, data, steps, batch, warmup, factor, lr, fit_seed, weig
     return {"dtype": dtype, "runs": runs, "one_step": one, "max_first_update": delta}
 
 
+def own_gradient(module, model, data, smoothing) -> dict[str, np.ndarray]:
+    """The gradient of the subject's own smoothed loss of `data` (one batch, training mode) at
+    the model's weights, by named_parameters name (a parameter the loss does not reach: 0)."""
+    src, tgt, pad = tensor_of(data["src"]), tensor_of(data["tgt"]), data["pad_id"]
+    tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
+    model.train()
+    loss = module.label_smoothed_loss(
+        model(src, tgt_in, src != pad, tgt_in != pad), tgt_out, smoothing, pad
+    )
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    grads = {
+        n: numpy_of(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))
+        for n, p in model.named_parameters()
+    }
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
 class _Stop(Exception):
     """Raised from fit's callback to end training early."""
 
@@ -114,8 +133,9 @@ def learn(
 
     first (optional) {"data", "weights", "smoothing"}: before the run, one update of fit with
     all of `data` as its one batch, on a model (float64 where the subject runs in it) holding
-    `weights`; its parameters after the update, for the parent to compare with the oracle's own
-    Adam step (a fit that makes no update, or not from its data and weights, shows there).
+    `weights`: the gradient of the subject's own loss of that batch there, and the parameters
+    after the update, for the parent to compare with Adam's first step on that gradient (a fit
+    that makes no update, or not from its data and weights, shows there).
 
     stop (optional) {"src", "tgt", "pad_id", "every", "below"}: after every `every`-th update the
     model's own eval-mode cross-entropy on those rows is computed here (numpy's log-softmax of
@@ -128,6 +148,7 @@ def learn(
     if first is not None:
         one, one_dtype = build(module, cfg, seed, weights=first["weights"])
         rows = len(first["data"]["src"])
+        grads = own_gradient(module, one, first["data"], first["smoothing"])
         one_losses = module.fit(
             one, tensor_of(first["data"]["src"]), tensor_of(first["data"]["tgt"]),
             pad_id=first["data"]["pad_id"], seed=seed, smoothing=first["smoothing"],
@@ -135,6 +156,7 @@ def learn(
         )  # fmt: skip
         first_update = {
             "dtype": one_dtype,
+            "grads": grads,
             "after": parameters_by_name(one),
             "losses": [float(x) for x in one_losses],
         }
