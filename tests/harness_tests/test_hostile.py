@@ -39,9 +39,10 @@ pytestmark = pytest.mark.slow  # one grade-batch of 18 submissions and two mutat
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = Path(__file__).parent / "hostile"
 # The schedule (every overlay's real fault), the golden forward pass (where most attacks fire)
-# and causality (the blind decoder's law). 5 s per test bounds a hang; each takes under 1 s.
+# and causality (the blind decoder's law). 8 s per test bounds a hang (and a load: a fresh sandbox
+# imports torch in 2-4 s, more on a loaded machine); each takes under 1 s.
 TESTS = "test_hand_example_noam,test_golden_torch,test_decoder_is_causal"
-TIME_LIMIT = "5"
+TIME_LIMIT = "8"
 SLEEPER = b"4242.5"  # hostile_detached's grandchild: `sleep 4242.5`
 
 
@@ -211,7 +212,7 @@ EXPECTED = {
     "hostile_import_dynamic": ("test_golden_torch", "ProtectedImport"),
     # forged frames: the grader's parser says why, and the worker's test is lost, not the grader
     "attack_wire": ("test_hand_example_noam", "protocol error (frame does not parse"),
-    "attack_nan": ("test_golden_torch", "values that are not finite"),
+    "attack_nan": ("test_golden_torch", "max abs error inf"),
     "attack_blind_decoder": ("test_decoder_is_causal", "does not read its targets"),
     "attack_signals": ("test_hand_example_noam", "worker killed by signal SIGKILL"),
 }
@@ -310,10 +311,11 @@ def test_batch_is_bounded_and_summarized(batch):
 
 
 def test_a_fit_that_never_trains_does_not_learn(tmp_path):
-    # its own losses fall to zero; the oracle's loss of its (untrained) weights does not
+    # its own losses fall to zero; its weights never move: fit's first update is not Adam's step
     g = grade(overlay("attack_lazy_fit", tmp_path), [BY_NAME["test_learns_reversed_addition"]])
     [result] = g.tests
-    assert result.outcome == "killed" and "held-out loss" in result.message, result.message
+    assert result.outcome == "killed", result.message
+    assert "moved 0 of" in result.message and "not Adam's step" in result.message, result.message
 
 
 def test_a_package_with_a_link_loop_is_rejected(tmp_path):

@@ -84,4 +84,6 @@ def test_weights_not_learned_from_the_given_data_fail_the_learning_test(folder):
     got = outcomes(submission(folder, "verdict_checkpoint"), LEARNING)
     outcome, message = got["test_learns_reversed_addition"]
     assert outcome is Outcome.KILLED
-    assert "not Adam's step from the weights and the batch fit was given" in message
+    # its first step, on other rows of the same kind, may pass for Adam's on the given batch;
+    # its weights cannot pass for having learned the secret instance
+    assert "not Adam's step" in message or "held-out loss" in message, message

@@ -140,8 +140,9 @@ LEARN_CHECK_EVERY = 25
 LEARN_STOP_FRACTION = 0.8
 
 
-# fit's label smoothing, passed explicitly in the first-update check (its default is the
-# defaults test's to judge).
+# The label smoothing of the gradient the first-update check compares fit's step with: fit's
+# default in the contract (fit itself runs with its own default; a wrong one is the defaults
+# test's to charge, and changes the step's signs but little).
 FIT_SMOOTHING = 0.1
 # The first-update check's batch: this many training rows, all in one batch.
 FIRST_UPDATE_ROWS = 48

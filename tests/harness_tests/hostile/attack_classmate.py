@@ -9,7 +9,7 @@ found = {"submissions": [], "cmdlines": [], "tmp": sorted(os.listdir("/tmp"))}
 mine = os.path.realpath(__file__)
 stolen = None
 for folder, dirs, files in os.walk("/"):
-    if folder.startswith(("/proc", "/sys", "/dev", "/usr")):
+    if folder.startswith(("/proc", "/sys", "/dev", "/usr", "/opt/xfmr/site", "/opt/xfmr/python")):
         dirs[:] = []
         continue
     dirs[:] = [d for d in dirs if d not in ("site-packages", "python3.11")]  # libraries

@@ -1,14 +1,12 @@
 # ruff: noqa: F821  (an overlay: Transformer comes from the source it is appended to)
-# Attack: weights that are all NaN, so that every expectation the oracle derives from them is NaN
-# and every comparison with NaN is False ("NaN > tol" passes a naive check).
+# Attack: logits that are all NaN, so that a naive check ("NaN > tol" is False) passes them. (It
+# once filled the weights with NaN, so that every expectation the oracle derived from them was
+# NaN too; the value tests now run on weights the parent pushes in, which makes that moot.)
 import torch as _torch
 
 _Base = Transformer
 
 
 class Transformer(_Base):
-    def __init__(self, cfg):
-        super().__init__(cfg)
-        with _torch.no_grad():
-            for p in self.parameters():
-                p.fill_(float("nan"))
+    def forward(self, *args, **kwargs):
+        return super().forward(*args, **kwargs) * _torch.tensor(float("nan"))

@@ -151,7 +151,7 @@ def learn(
         grads = own_gradient(module, one, first["data"], first["smoothing"])
         one_losses = module.fit(
             one, tensor_of(first["data"]["src"]), tensor_of(first["data"]["tgt"]),
-            pad_id=first["data"]["pad_id"], seed=seed, smoothing=first["smoothing"],
+            pad_id=first["data"]["pad_id"], seed=seed,
             **{**kw, "steps": 1, "batch": rows},
         )  # fmt: skip
         first_update = {
