@@ -147,6 +147,38 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
                 f"{name} [{table.shape[0]}, {table.shape[1]}] starts with std {std:.5f} about 0, "
                 f"expected 1/sqrt(d) = {want_std:.5f} within {bound:.2%}"
             )
+        row_failure(name, table, want_std)
+
+
+# Each row of a table too: a zeroed row (a padding_idx habit) or a constant one leaves the
+# table's spread within bounds. Of d = 128 draws N(0, s^2), a row's mean square over s^2 is
+# chi2_d / d, below 1 - 2 sqrt(x / d) with probability at most exp(-x) (Laurent and Massart
+# 2000), and its mean lies beyond z s / sqrt(d) with probability erfc(z / sqrt(2)). Both are
+# set so that an honest table fails with probability below ROW_FALSE_ALARM over all its rows.
+ROW_FALSE_ALARM = 1e-7
+
+
+def row_failure(name: str, table: np.ndarray, want_std: float) -> None:
+    rows, d = table.shape
+    each = ROW_FALSE_ALARM / (2 * rows)  # two checks per row, a union bound
+    low = 1 - 2 * math.sqrt(math.log(1 / each) / d)
+    z = 1.0
+    while math.erfc(z / math.sqrt(2)) > each:  # the two-sided Gaussian quantile
+        z += 0.01
+    mean_square = np.mean(table**2, axis=1) / want_std**2
+    mean = np.abs(table.mean(axis=1)) / (want_std / math.sqrt(d))
+    for what, bad, said in (
+        ("mean square", mean_square < low, f"below {low:.3f} / d"),
+        ("mean", mean > z, f"beyond {z:.2f} standard errors of 0"),
+    ):
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            raise Failure(
+                f"{name} row {r} starts with {what} {said} (mean square {mean_square[r]:.3f} / d, "
+                f"mean {table[r].mean():.4g}): every row N(0, 1/d), not a zeroed or constant row "
+                f"(an honest table fails here with probability below {ROW_FALSE_ALARM:g}; "
+                f"{int(bad.sum())} of {rows} rows)"
+            )
 
 
 def zeroed_name(name: str) -> bool:
