@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import work
-from harness.engine import Cell, Launch, run_subject, run_test, unjudgeable
+from harness.engine import Cell, Launch, run_subject, run_test
 from harness.isolation.local import confinement, local, workspace
 from harness.isolation.sandbox import UnsafeInput, staged
 from harness.isolation.worker import (
@@ -235,47 +235,7 @@ def run_suite_on(
             confinement(stage, memory_mb),
             scoring.COLLECT_TIMEOUT,
         )
-        while True:
-            out.workers += 1
-            events = scoring._Events(out, time_limit)
-            begun = time.monotonic()
-            try:
-                worker = launch.worker()
-            except (WorkerDied, WorkerTimeout, SubjectRaised) as e:
-                out.error = f"the subject did not load: {e}"
-                break
-            finally:
-                out.start_seconds.append(round(time.monotonic() - begun, 3))
-            try:
-                inputs = {
-                    "tests_dir": str(stage / "tests"),
-                    "module_name": module_name,
-                    "skip": list(out.cells),
-                }
-                request = {"op": "call", "probe": "student_suite", "inputs": inputs}
-                reply = worker.stream(request, events.due, events.on_event)
-                code = reply.get("exit") if isinstance(reply, dict) else None
-                if code not in (0, 1) and not out.cells:
-                    said = printable(worker.output_tail(3000))
-                    out.error = f"pytest exited with status {code} and ran no test:\n{said}"
-                break
-            except WorkerTimeout:
-                if events.current is None:
-                    out.error = f"no test started within {scoring.COLLECT_TIMEOUT:g} s (collecting)"
-                    break
-                out.cells[events.current] = Cell(
-                    Outcome.TIMEOUT, f"no result within {time_limit:g} s"
-                )
-            except (WorkerDied, SubjectRaised) as e:
-                if events.current is None:
-                    out.error = str(e)
-                    break
-                out.cells[events.current] = Cell(Outcome.ERROR, f"the test killed its process: {e}")
-            except Exception as e:
-                out.error = unjudgeable(e)
-                break
-            finally:
-                worker.close()
+        scoring.suite_in(launch, stage, module_name, time_limit, out)
     out.seconds = time.monotonic() - start
     return out
 

@@ -115,49 +115,55 @@ def run_on(
             limits.confine(),
             COLLECT_TIMEOUT,
         )
-        while True:
-            out.workers += 1
-            events = _Events(out, time_limit)
-            begun = time.monotonic()
-            try:
-                worker = launch.worker()
-            except (WorkerDied, WorkerTimeout, SubjectRaised) as e:
-                out.error = f"the subject did not load: {e}"
-                break
-            finally:
-                out.start_seconds.append(round(time.monotonic() - begun, 3))
-            try:
-                inputs = {
-                    "tests_dir": str(inside / "tests"),
-                    "module_name": module_name,
-                    "skip": list(out.cells),
-                }
-                request = {"op": "call", "probe": "student_suite", "inputs": inputs}
-                reply = worker.stream(request, events.due, events.on_event)
-                code = reply.get("exit") if isinstance(reply, dict) else None
-                if code not in (0, 1) and not out.cells:  # 1: some tests failed
-                    said = printable(worker.output_tail(3000))
-                    out.error = f"pytest exited with status {code} and ran no test:\n{said}"
-                break
-            except WorkerTimeout:
-                if events.current is None:
-                    out.error = f"no test started within {COLLECT_TIMEOUT:g} s (collecting)"
-                    break
-                out.cells[events.current] = Cell(
-                    Outcome.TIMEOUT, f"no result within {time_limit:g} s"
-                )
-            except (WorkerDied, SubjectRaised) as e:
-                if events.current is None:
-                    out.error = str(e)
-                    break
-                out.cells[events.current] = Cell(Outcome.ERROR, f"the test killed its process: {e}")
-            except Exception as e:  # a malformed event from the suite: the suite's error
-                out.error = unjudgeable(e)
-                break
-            finally:
-                worker.close()
+        suite_in(launch, inside, module_name, time_limit, out)
     out.seconds = time.monotonic() - start
     return out
+
+
+def suite_in(
+    launch: Launch, inside: Path, module_name: str, time_limit: float, out: SubjectRun
+) -> None:
+    """Run the staged suite (at `inside`/tests) on the subject `launch` loads, into `out`: a
+    fresh worker after each test that hangs or crashes, the tests already judged skipped."""
+    while True:
+        out.workers += 1
+        events = _Events(out, time_limit)
+        begun = time.monotonic()
+        try:
+            worker = launch.worker()
+        except (WorkerDied, WorkerTimeout, SubjectRaised) as e:
+            out.error = f"the subject did not load: {e}"
+            break
+        finally:
+            out.start_seconds.append(round(time.monotonic() - begun, 3))
+        try:
+            inputs = {
+                "tests_dir": str(inside / "tests"),
+                "module_name": module_name,
+                "skip": list(out.cells),
+            }
+            request = {"op": "call", "probe": "student_suite", "inputs": inputs}
+            reply = worker.stream(request, events.due, events.on_event)
+            code = reply.get("exit") if isinstance(reply, dict) else None
+            if code not in (0, 1) and not out.cells:  # 1: some tests failed
+                said = printable(worker.output_tail(3000))
+                out.error = f"pytest exited with status {code} and ran no test:\n{said}"
+            break
+        except WorkerTimeout:
+            if events.current is None:
+                out.error = f"no test started within {COLLECT_TIMEOUT:g} s (collecting)"
+                break
+            out.cells[events.current] = Cell(Outcome.TIMEOUT, f"no result within {time_limit:g} s")
+        except (WorkerDied, SubjectRaised) as e:
+            if events.current is None:
+                out.error = str(e)
+                break
+            out.cells[events.current] = Cell(Outcome.ERROR, f"the test killed its process: {e}")
+        except Exception as e:  # a malformed event from the suite: the suite's error
+            out.error = unjudgeable(e)
+            break
+        finally:
+            worker.close()
 
 
 class _Events:
