@@ -61,13 +61,15 @@ POST, PRE = GOLDEN["post-LN, one shared table"], config(norm="pre")
 
 def golden_inputs() -> Iterator[tuple[str, dict[str, Any], dict[str, np.ndarray]]]:
     """The golden test's (name, config, batch) for each of GOLDEN, in order: the golden test
-    and the diagnosis of its failures both take their inputs from here. Models are initialized
-    under GOLDEN_SEED."""
+    and the diagnosis of its failures both take their inputs from here (their weights: the run's
+    draw, `golden_weights`)."""
     rng = np.random.default_rng(1)
     for name, cfg in GOLDEN.items():
         yield name, cfg, batch(rng, cfg, src_lens=[7, 4, 2], tgt_lens=[6, 3, 5])
 
 
+# The seed of a subject's own initialization where a test of the project runs a probe without
+# the parent's weights (tests/harness_tests/test_diagnosis.py); no shared test uses it.
 GOLDEN_SEED = 11
 
 
@@ -209,33 +211,9 @@ def contract_params(cfg: dict, seed: int) -> Any:
     return oracle.read_state_dict(draw_weights(shapes, cfg, seed), cfg)
 
 
-def contract_weights(cfg: dict, *purpose: Any) -> dict[str, np.ndarray]:
-    """This run's draw for the contract's own names of `cfg` (tied tables listed once)."""
-    shapes = {name: list(shape) for name, shape in contract_shapes(cfg).items()}
-    return draw_weights(shapes, cfg, draw_seed(*purpose))
-
-
 def learning_setup() -> dict[str, Any]:
     """The learning test's task, model and recipe, with the bar derived from impl."""
     return json.loads((DATA / "learning_bar.json").read_text())
-
-
-def addition_inputs(setup: dict[str, Any]) -> dict[str, Any]:
-    """The reversed-addition split as arrays: training data and the held-out sums."""
-    from tasks import addition
-
-    task = setup["task"]
-    n = task["digits"]
-    train, test = addition.split_sums(n, task["n_test"], task["n_train"], task["seed"])
-    return {  # numpy only: the judging process need not import torch for this
-        "data": {
-            "src": addition.source_array(train, n),
-            "tgt": addition.target_array(train, n),
-            "pad_id": addition.PAD,
-        },
-        "eval_src": addition.source_array(test, n),
-        "eval_tgt": addition.target_array(test, n),
-    }
 
 
 def learning_instance(setup: dict[str, Any], *purpose: Any) -> dict[str, Any]:
