@@ -167,6 +167,36 @@ def decoding_setup(call: Call, cfg: dict, seed: int, src: np.ndarray, max_len: i
     return weights, params, choose_eos(greedy(params, src, None, max_len)[0])
 
 
+def translated(
+    call: Call,
+    cfg: dict,
+    weights: dict,
+    src: np.ndarray,
+    eos: int,
+    max_len: int,
+    settings: list,
+    train_mode: bool,
+    paths: dict | None = None,
+) -> dict:
+    """The probe translations on the parent's weights (bos BOS, pad PAD), and the check that the
+    model held those weights throughout."""
+    r = call(
+        "translations",
+        cfg=cfg,
+        weights=weights,
+        src=src,
+        bos=BOS,
+        eos=eos,
+        pad_id=PAD,
+        max_len=max_len,
+        settings=settings,
+        train_mode=train_mode,
+        paths=paths,
+    )
+    assert_holds("translate's model", r["state_dict"], weights)
+    return r
+
+
 def decoding_paths(paths: list[list[int]]) -> dict[str, np.ndarray]:
     """bos + each path, right-padded, with its own mask (a path may hold the pad id)."""
     width = 1 + max(len(p) for p in paths)
@@ -212,20 +242,17 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
     src = batch(rng, cfg, src_lens=[5, 4, 3, 5, 2, 6, 4, 3], tgt_lens=[1] * 8)["src"]
     weights, params, eos = decoding_setup(call, cfg, 20, src, max_len)
     want, margins = greedy(params, src, eos, max_len)
-    r = call(
-        "translations",
-        cfg=cfg,
-        weights=weights,
-        src=src,
-        bos=BOS,
-        eos=eos,
-        pad_id=PAD,
-        max_len=max_len,
-        settings=[[1, 1.0]],
-        train_mode=True,
+    r = translated(
+        call,
+        cfg,
+        weights,
+        src,
+        eos,
+        max_len,
+        [[1, 1.0]],
+        True,
         paths=(paths := decoding_paths(want)),
     )
-    assert_holds("translate's model", r["state_dict"], weights)
     got = r["outputs"][0]
     for row, (g, w, m) in enumerate(zip(got, want, margins, strict=True)):
         if eos in g:
@@ -294,20 +321,17 @@ def check_beam_search_matches_oracle(call: Call) -> None:
     weights, params, eos = decoding_setup(call, cfg, 21, src, max_len)
     src = with_rows(src, formula_sensitive_rows(params, cfg, eos, max_len))
     settings = [[beam, penalty] for beam in (1, 2, 3, 4) for penalty in (0.0, 1.0, 2.0)]
-    r = call(
-        "translations",
-        cfg=cfg,
-        weights=weights,
-        src=src,
-        bos=BOS,
-        eos=eos,
-        pad_id=PAD,
-        max_len=max_len,
-        settings=settings,
-        train_mode=False,
+    r = translated(
+        call,
+        cfg,
+        weights,
+        src,
+        eos,
+        max_len,
+        settings,
+        False,
         paths=(paths := decoding_paths(greedy(params, src, eos, max_len)[0])),
     )
-    assert_holds("translate's model", r["state_dict"], weights)
     key = params_key(params)
     compared = 0
     for (beam, penalty), got in zip(settings, r["outputs"], strict=True):
@@ -397,18 +421,7 @@ def check_beam_search_when_nothing_finishes(call, cfg, weights, params, src, key
             break
     else:
         raise Failure("every real token finishes some search: no eos left unreached")
-    r = call(
-        "translations",
-        cfg=cfg,
-        weights=weights,
-        src=src,
-        bos=BOS,
-        eos=eos,
-        pad_id=PAD,
-        max_len=max_len,
-        settings=settings,
-        train_mode=False,
-    )
+    r = translated(call, cfg, weights, src, eos, max_len, settings, False)
     for (beam, penalty), got, runs in zip(settings, r["outputs"], found, strict=True):
         for row, finished in enumerate(runs):
             scores = sorted((h.score for h in finished), reverse=True)
