@@ -20,11 +20,13 @@ from harness.shared_tests.inputs import (
     golden_weights,
     pushed_weights,
 )
+from harness.shared_tests.layout import TIME_FIRST, batch_first
 from harness.shared_tests.record import Call, Failure, law
 from harness.shared_tests.verdicts import (
     assert_close,
     assert_holds,
     errors,
+    listing,
     read_params,
     tolerance,
 )
@@ -50,11 +52,18 @@ def golden_comparisons(call: Call, dtype: str | None = None) -> Iterator[tuple]:
             params, b["src"], b["tgt_in"], b["tgt_out"], b["src_mask"], b["tgt_mask"], 0.1, PAD
         )
         yield r["dtype"], f"{name}: smoothed loss", "loss", r["loss"], loss, None, ()
-        got = read_params(r["grads"], cfg, "the gradients (by named_parameters name)").arrays
+        got = read_params(r["grads"], cfg, "the gradients").arrays
         want = getattr(grads, "arrays", grads)
+        one_tensor = {n: group for group in r.get("shared", []) for n in group}
         for key in sorted(want):
-            what = f"{name}: gradient of {key}"
-            yield r["dtype"], what, "grads", got[key], want[key], None, ("row", "column")
+            what, expected = f"{name}: gradient of {key}", want[key]
+            others = [n for n in one_tensor.get(key, []) if n != key]
+            if others and all(n in want for n in others):
+                # names that are one tensor (layers sharing one module: the names test's to
+                # charge) have one gradient, the sum of what each name's use contributes
+                expected = sum((want[n] for n in others), start=want[key])
+                what += f" (one tensor with {listing(others)}: the sum of their gradients)"
+            yield r["dtype"], what, "grads", got[key], expected, None, ("row", "column")
 
 
 @law(
@@ -120,11 +129,23 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
         ("source", "encoder.0", params.src_table, b["src"], b["src_mask"]),
         ("target", "decoder.0", params.tgt_table, b["tgt_in"], b["tgt_mask"]),
     ):
-        got = hooked = r["x0" if side == "source" else "y0"]
+        recorded = hooked = r["x0" if side == "source" else "y0"]
         want = embed(params, table, ids)
         what = f"{side} x0 = E[ids] sqrt(d) + PE (the input of {layer})"
-        if hooked is None:
+        # the input as the contract lays it out, [B, T, d], whatever layout the stack keeps
+        got, layout, unread = batch_first(hooked, want.shape, want, mask)
+        if layout == TIME_FIRST:
+            what += ", recorded time-first [T, B, d]"
+        if got is None:
+            hooked = None  # judged without the hook, on what the zeroed model computes
+            if "zeroed_memory" not in r:
+                raise Failure(
+                    f"{what}: cannot be judged: {unread}; and without the hook: "
+                    f"{r.get('zeroed_error', 'no answer')}"
+                )
             got, want, what = through_final_norm(r, cfg, side, want, weights)
+            if recorded is not None:
+                what += f" (the input of {layer} is not judged: {unread})"
         last = "feature" if want.shape[-1] == cfg["d_model"] else "token"
         try:
             assert_close(what, got, want, tol, mask=mask, axes=("row", "position", last))

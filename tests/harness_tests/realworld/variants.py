@@ -44,8 +44,15 @@ DROPOUT = "test_dropout_only_in_training"
 LEARNS = "test_learns_reversed_addition"
 
 # the bases, which must pass every shared test but those BASE_FAILING names
-BASES = ("annotated.py", "fused.py", "nn_stacks.py", "functional.py")
+BASES = ("annotated.py", "fused.py", "nn_stacks.py", "functional.py", "onmt.py", "fairseq.py")
 
+# onmt.py keeps OpenNMT-py's attribute names (linear_query, feed_forward.w_1, layer_norm_1, ...)
+# and speaks the contract's names in its state_dict only (a state_dict hook renames the entries,
+# which are the parameters themselves): gradients, hooked modules and parameters are matched to
+# the contract's names by what the tensors are, not by named_parameters' spelling.
+# fairseq.py keeps fairseq's names and its time-first (T x B x C) tensors inside the stacks, and
+# an incremental state keyed by module for decode_step: hooked inputs are read batch-first.
+#
 # functional.py computes everything with torch.nn.functional from parameter-only modules that are
 # never called. CONTRACT.md requires the contract's modules to be real submodules called in the
 # forward pass (dropout at each site is observed at their inputs and outputs), so that one law

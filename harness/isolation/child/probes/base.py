@@ -43,6 +43,84 @@ def parameters_by_name(model: torch.nn.Module) -> dict[str, np.ndarray]:
     return {name: numpy_of(t) for name, t in model.state_dict().items() if name not in buffers}
 
 
+def state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The state_dict's entries that are not persistent buffers, as tensors (the parameters,
+    under the state_dict's names; a hook may rename them or hand out views of them)."""
+    buffers = persistent_buffers(model)
+    return {name: t for name, t in model.state_dict().items() if name not in buffers}
+
+
+def _span(t: torch.Tensor) -> tuple[int, int, int]:
+    """(the storage's address, the first and the last element offset the tensor reads)."""
+    last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
+    return t.untyped_storage().data_ptr(), t.storage_offset(), last
+
+
+def _place(t: torch.Tensor) -> tuple:
+    """What a tensor is, as a view: its storage, offset, shape and strides."""
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+
+
+def parameter_views(model: torch.nn.Module) -> dict[str, tuple[str, torch.nn.Parameter]]:
+    """Each state_dict entry that *is* a parameter or a view of one (the same storage, inside the
+    parameter's elements: a renamed entry, or a slice of a fused projection), by state_dict
+    name: the parameter's named_parameters name and the parameter. An entry that is a copy
+    (a hook that concatenates or clones) is not listed."""
+    spans = [(name, p, _span(p)) for name, p in model.named_parameters() if p.numel()]
+    found = {}
+    for key, t in state_tensors(model).items():
+        if not t.is_floating_point() or not t.numel():
+            continue
+        ptr, first, last = _span(t)
+        for name, p, (p_ptr, p_first, p_last) in spans:
+            if ptr == p_ptr and p_first <= first and last <= p_last:
+                found[key] = (name, p)
+                break
+    return found
+
+
+def _view_of(value: torch.Tensor, of: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """The elements of `value` (laid out as parameter `of`) that the view `like` of `of` reads."""
+    size = of.untyped_storage().nbytes() // of.element_size()
+    flat = torch.zeros(size, dtype=value.dtype)
+    flat.as_strided(of.shape, of.stride(), of.storage_offset()).copy_(value.detach().cpu())
+    return flat.as_strided(like.shape, like.stride(), like.storage_offset()).clone()
+
+
+def gradients(model: torch.nn.Module) -> dict[str, Any]:
+    """The gradients after a backward pass, matched to the state_dict by what they are: each
+    state_dict entry that is a parameter (or a view of one) gets that parameter's gradient (or
+    the same view of it) under the entry's name, so names sharing one tensor (a tied table
+    listed twice, layers that are one module) get the same gradient; a parameter that no entry
+    is keeps its named_parameters name. A parameter the loss does not reach has gradient 0.
+
+    {"grads": {name: array}, "no_grad": [names without a gradient], "shared": [[names that are
+    one tensor], ...] (state_dict names, each group of two or more)}."""
+    views = parameter_views(model)
+    state = state_tensors(model)
+    grads: dict[str, np.ndarray] = {}
+    no_grad: list[str] = []
+    covered = set()
+    for key, (_, p) in views.items():
+        covered.add(id(p))
+        if p.grad is None:
+            no_grad.append(key)
+            grads[key] = np.zeros(tuple(state[key].shape))
+        else:
+            grads[key] = numpy_of(_view_of(p.grad, p, state[key]))
+    for name, p in model.named_parameters():
+        if id(p) in covered:
+            continue
+        if p.grad is None:
+            no_grad.append(name)
+        grads[name] = numpy_of(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))
+    groups: dict[tuple, list[str]] = {}
+    for key in views:
+        groups.setdefault(_place(state[key]), []).append(key)
+    shared = [names for names in groups.values() if len(names) > 1]
+    return {"grads": grads, "no_grad": no_grad, "shared": shared}
+
+
 def _smoke_inputs(cfg: dict[str, Any]) -> tuple[torch.Tensor, ...]:
     src = torch.ones(1, 2, dtype=torch.long) % cfg["src_vocab"]
     tgt = torch.ones(1, 2, dtype=torch.long) % cfg["tgt_vocab"]

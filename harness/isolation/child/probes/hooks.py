@@ -10,6 +10,7 @@ import torch
 
 from harness.isolation.child.probes.base import (
     numpy_of,
+    parameter_views,
 )
 
 
@@ -43,13 +44,51 @@ def first_calls(model: torch.nn.Module, names: Any) -> dict[str, dict[str, Any]]
 
 def contract_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """The submodules that carry the contract's module names, by those names: torch's stack
-    names translated, and looked for inside a wrapper module when not at the model's top."""
+    names translated, and looked for inside a wrapper module when not at the model's top; a
+    name no submodule carries is the submodule whose parameters are exactly those the
+    state_dict lists under it (`modules_by_parameters`: attribute names of the subject's own,
+    renamed only in its state_dict)."""
     modules = dict(model.named_modules())
     wrapper = wrapper_prefix(modules)
     found = {}
     for name, sub in modules.items():
         if name.startswith(wrapper) and CONTRACT_NAME.match(contract_name(name[len(wrapper) :])):
             found.setdefault(contract_name(name[len(wrapper) :]), sub)
+    taken = {id(sub) for sub in found.values()}
+    for name, sub in modules_by_parameters(model).items():
+        if name not in found and id(sub) not in taken:
+            found[name] = sub
+            taken.add(id(sub))
+    return found
+
+
+def modules_by_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+    """Contract module name -> the submodule whose parameters are exactly the parameters the
+    state_dict's entries under that name are (or are views of), the deepest such (a LayerNorm,
+    not a container holding only it); names under one module path above them all (a wrapper)
+    are read without it. Matched by what the tensors are, whatever the attributes are called."""
+    views = parameter_views(model)
+    heads = {k.split(".", 1)[0] for k in views}
+    top = any(k.startswith(("src_emb.", "encoder.", "decoder.")) for k in views)
+    wrapper = heads.pop() + "." if len(heads) == 1 and not top else ""
+    want: dict[str, set[int]] = {}
+    for key, (_, p) in views.items():
+        parts = key.removeprefix(wrapper).split(".")
+        for i in range(1, len(parts)):
+            if CONTRACT_NAME.match(name := ".".join(parts[:i])):
+                want.setdefault(name, set()).add(id(p))
+    owned = [
+        (name.count("."), name, sub, {id(p) for p in sub.parameters()})
+        for name, sub in model.named_modules()
+    ]
+    found: dict[str, torch.nn.Module] = {}
+    taken: set[int] = set()
+    for name, ids in want.items():
+        matches = [(depth, n, sub) for depth, n, sub, held in owned if held == ids]
+        matches = [m for m in matches if id(m[2]) not in taken]
+        if matches:
+            found[name] = max(matches, key=lambda m: m[0])[2]
+            taken.add(id(found[name]))
     return found
 
 

@@ -10,6 +10,7 @@ import torch
 
 from harness.isolation.child.probes.base import (
     build,
+    gradients,
     load_weights,
     numpy_of,
     parameters_by_name,
@@ -101,7 +102,8 @@ def fit_runs(module, cfg, data, steps, batch, warmup, factor, lr, fit_seed, weig
 
 def own_gradient(module, model, data, smoothing) -> dict[str, np.ndarray]:
     """The gradient of the subject's own smoothed loss of `data` (one batch, training mode) at
-    the model's weights, by named_parameters name (a parameter the loss does not reach: 0)."""
+    the model's weights, by state_dict name where an entry is the parameter (base.gradients;
+    a parameter the loss does not reach: 0)."""
     src, tgt, pad = tensor_of(data["src"]), tensor_of(data["tgt"]), data["pad_id"]
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     model.train()
@@ -110,10 +112,7 @@ def own_gradient(module, model, data, smoothing) -> dict[str, np.ndarray]:
     )
     model.zero_grad(set_to_none=True)
     loss.backward()
-    grads = {
-        n: numpy_of(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))
-        for n, p in model.named_parameters()
-    }
+    grads = gradients(model)["grads"]
     model.zero_grad(set_to_none=True)
     return grads
 
