@@ -16,6 +16,17 @@ departure; at a departure the module's own input is used to name the classic cau
 LayerNorm's variance or eps, the pre-/post-LN placement, a missing mask, GELU for ReLU, a float32
 positional table, log-probabilities for logits). When the logits agree, no divergence is ever
 reported, whatever the modules' boundaries.
+
+Hooked values are judged by meaning, not layout: each is first put in the contract's
+batch-first layout (layout.batch_first; fairseq keeps [T, B, C] inside its stacks), and a
+boundary that cannot be (an odd shape or dtype) is said to be not judged, the others judged
+without it. The stream between the stacks is judged too: what the decoder reads as memory and
+what the output layer reads, against the contract's final norms of the subject's own last
+layers, so a final norm never applied (or one too many) is named at its first reader.
+
+`first_divergence` never raises: it is the boundary between the subject's answer (any plain
+data) and the grade, and an error of the diagnosis itself becomes "no diagnosis: <why>" for
+that config; inside it the logic stays strict.
 """
 
 from __future__ import annotations
@@ -30,8 +41,16 @@ import numpy as np
 
 import oracle
 from harness.shared_tests.inputs import forward_inputs, golden_inputs, golden_weights
+from harness.shared_tests.layout import TIME_FIRST, batch_first
 from harness.shared_tests.record import Call, Failure
-from harness.shared_tests.verdicts import assert_holds, errors, read_params, tolerance
+from harness.shared_tests.verdicts import (
+    assert_holds,
+    errors,
+    listing,
+    read_params,
+    tolerance,
+    unwrapped,
+)
 from oracle.layers import decoder_layer, encoder_layer, multi_head_attention
 from oracle.model import embed, output_logits, source_attention_mask, target_attention_mask
 from oracle.ops import gelu, layer_norm, log_softmax, positional_encoding, relu
@@ -237,17 +256,171 @@ def embedding_causes(
 
 @dataclass
 class Answer:
-    """The probe's answer, with the oracle's reading of the subject's weights."""
+    """The probe's answer read in the contract's layout (`read_answer`), with the oracle's
+    reading of the subject's weights: every value float64 and batch-first, of the shape the
+    contract gives its boundary; a value that could not be read is absent (None)."""
 
     params: Any
-    inputs: dict[str, list[np.ndarray]]
+    inputs: dict[str, list[np.ndarray | None]]
     outputs: dict[str, np.ndarray]
     order: list[str]
     tol: float
+    state: dict = dataclasses.field(default_factory=dict)  # the weights as the subject names them
 
     def input(self, name: str, i: int = 0) -> np.ndarray | None:
         found = self.inputs.get(name) or []
-        return np.asarray(found[i], dtype=np.float64) if len(found) > i else None
+        return found[i] if len(found) > i else None
+
+
+# --- the answer in the contract's layout --------------------------------------------------------
+
+
+def boundary_shapes(spec: Any, b: dict) -> dict[str, tuple[tuple, list[tuple]]]:
+    """Each contract module's output shape and its inputs' (the query, then the keys' source),
+    batch-first, for the batch b."""
+    B, S = b["src"].shape
+    T = b["tgt_in"].shape[1]
+    d, f = spec.d_model, spec.d_ff
+    memory = (B, S, d)
+    shapes: dict[str, tuple[tuple, list[tuple]]] = {}
+    for kind, n, L, top in (
+        ("encoder", spec.n_enc, S, "enc_norm"),
+        ("decoder", spec.n_dec, T, "dec_norm"),
+    ):
+        x = (B, L, d)
+        for i in range(n):
+            p = f"{kind}.{i}"
+            shapes[p] = (x, [x, memory] if kind == "decoder" else [x])
+            shapes[f"{p}.self_attn"] = (x, [x, x])
+            if kind == "decoder":
+                shapes[f"{p}.cross_attn"] = (x, [x, memory])
+            for norm in ("norm1", "norm2", "norm3")[: 3 if kind == "decoder" else 2]:
+                shapes[f"{p}.{norm}"] = (x, [x])
+            shapes[f"{p}.linear1"] = ((B, L, f), [x])
+            shapes[f"{p}.linear2"] = (x, [(B, L, f)])
+        shapes[top] = (x, [x])
+    shapes["out"] = ((B, T, spec.tgt_vocab), [(B, T, spec.d_model)])
+    return shapes
+
+
+def contract_values(params: Any, b: dict) -> dict[tuple[str, int], np.ndarray]:
+    """The contract's value at each boundary, by (module, slot): slot -1 its output, 0 its
+    input, 1 the memory it reads. Only read to tell batch-first from time-first where the shapes
+    cannot (as many positions as rows); sublayers' inputs are left out."""
+    spec = params.spec
+    logits, trace = oracle.forward(
+        params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"], trace=True
+    )
+    memory = trace["enc_norm"] if spec.norm == "pre" else trace[f"encoder.{spec.n_enc - 1}"]
+    top = trace["dec_norm"] if spec.norm == "pre" else trace[f"decoder.{spec.n_dec - 1}"]
+    out = {(name, -1): value for name, value in trace.items()}
+    out[("out", -1)], out[("out", 0)] = logits, top
+    for kind, n, table, ids in (
+        ("encoder", spec.n_enc, params.src_table, b["src"]),
+        ("decoder", spec.n_dec, params.tgt_table, b["tgt_in"]),
+    ):
+        stream = embed(params, table, ids)
+        for i in range(n):
+            out[(f"{kind}.{i}", 0)] = stream
+            stream = trace[f"{kind}.{i}"]
+            if kind == "decoder":
+                out[(f"{kind}.{i}", 1)] = out[(f"{kind}.{i}.cross_attn", 1)] = memory
+        out[("enc_norm" if kind == "encoder" else "dec_norm", 0)] = stream
+    return out
+
+
+@dataclass
+class Reading:
+    """How the hooked values were read: the boundaries that could not be (with why), and
+    whether any was recorded time-first."""
+
+    unjudged: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    time_first: bool = False
+
+    def note(self) -> str:
+        """' (...time-first...)' and '; X: not judged: why' for the line's end."""
+        said = ""
+        if self.time_first:
+            said += (
+                " (hooked values recorded time-first, [T, B, C], are judged in the contract's "
+                "batch-first layout)"
+            )
+        by_reason: dict[str, list[str]] = {}
+        for where, why in self.unjudged:
+            by_reason.setdefault(why, []).append(where)
+        for why, where in list(by_reason.items())[:3]:
+            said += f"; {listing(where)}: not judged: {why}"
+        if len(by_reason) > 3:
+            more = sum(len(w) for w in list(by_reason.values())[3:])
+            said += f"; {more} more boundaries not judged"
+        return said
+
+
+def read_answer(answer: dict[str, Any], params: Any, b: dict, tol: float) -> tuple[Answer, Reading]:
+    """The probe's hooked values in the contract's layout (layout.batch_first): each output
+    and input float64 and batch-first, or absent with the reason said in the Reading. A
+    value recorded under a name the contract does not have is ignored."""
+    reading = Reading()
+    outputs_in, inputs_in = answer.get("outputs"), answer.get("inputs")
+    for what, value in (("outputs", outputs_in), ("inputs", inputs_in)):
+        if value is not None and not isinstance(value, dict):
+            reading.unjudged.append(
+                (f"the hooked {what}", f"a {type(value).__name__}, not a mapping")
+            )
+    outputs_in = outputs_in if isinstance(outputs_in, dict) else {}
+    inputs_in = inputs_in if isinstance(inputs_in, dict) else {}
+    shapes = boundary_shapes(params.spec, b)
+    want = contract_values(params, b) if outputs_in or inputs_in else {}
+
+    def arranged(where: str, value: Any, shape: tuple, key: tuple, mask, quiet=False):
+        """The value batch-first in float64, or None (said unless `quiet`)."""
+        array, layout, why = batch_first(value, shape, want.get(key), mask)
+        if array is not None and np.iscomplexobj(array):
+            array, why = None, f"complex values (dtype {array.dtype})"
+        if array is None:
+            if not quiet:
+                reading.unjudged.append((where, why))
+            return None
+        reading.time_first |= layout == TIME_FIRST
+        return np.asarray(array, dtype=np.float64)
+
+    outputs: dict[str, np.ndarray] = {}
+    inputs: dict[str, list[np.ndarray | None]] = {}
+    for name, (out_shape, in_shapes) in shapes.items():
+        mask = b["src_mask"] if name.startswith(("encoder", "enc_norm")) else b["tgt_mask"]
+        if name in outputs_in:
+            value = arranged(name, outputs_in[name], out_shape, (name, -1), mask)
+            if value is not None:
+                outputs[name] = value
+        recorded = inputs_in.get(name)
+        if recorded is None:
+            continue
+        if not isinstance(recorded, list | tuple):
+            reading.unjudged.append(
+                (f"{name}'s inputs", f"a {type(recorded).__name__}, not a list")
+            )
+            continue
+        found = (
+            [arranged(f"{name}'s input", recorded[0], in_shapes[0], (name, 0), mask)]
+            if recorded
+            else []
+        )
+        if len(recorded) > 1 and len(in_shapes) > 1:
+            # the second argument: the keys' source when it has their shape, else (a mask, say)
+            # nothing the diagnosis reads
+            memory_mask = mask if name.endswith("self_attn") else b["src_mask"]
+            found.append(
+                arranged("", recorded[1], in_shapes[1], (name, 1), memory_mask, quiet=True)
+            )
+        inputs[name] = found
+    modules = answer.get("modules")
+    order = (
+        [n for n in modules if isinstance(n, str) and n in outputs]
+        if isinstance(modules, list | tuple)
+        else []
+    )
+    order += [n for n in outputs if n not in order]
+    return Answer(params, inputs, outputs, order, tol), reading
 
 
 def layer_candidates(
@@ -410,22 +583,27 @@ def walk(a: Answer, b: dict[str, np.ndarray]) -> list[Finding]:
             found.append(f)
         stack = spec.n_enc if side == "source" else spec.n_dec
         kind = "encoder" if side == "source" else "decoder"
-        memory = subject_memory(a) if kind == "decoder" else None
-        for i in range(stack):
-            found += judge_layer(a, kind, i, masks, memory)
+        if kind == "encoder":
+            for i in range(stack):
+                found += judge_layer(a, kind, i, masks, None)
+        else:
+            reader, read = memory_reader(a)
+            read_check = stream_finding(a, "enc_norm", reader, read, b["src_mask"])
+            memory = read if read is not None else subject_memory(a)
+            for i in range(stack):
+                layer = judge_layer(a, kind, i, masks, memory)
+                if read_check is not None and reader.startswith(f"decoder.{i}"):
+                    at = next(
+                        (k for k, f in enumerate(layer) if reads_memory(f.where, spec.norm)), None
+                    )
+                    layer.insert(len(layer) if at is None else at, read_check)
+                    read_check = None
+                found += layer
         top = "enc_norm" if kind == "encoder" else "dec_norm"
         last = a.outputs.get(f"{kind}.{stack - 1}")
         if top in a.outputs:
             if spec.norm == "post":
-                found.append(
-                    Finding(
-                        top,
-                        math.inf,
-                        cause=f"a final LayerNorm after the {kind} in a post-LN model: the "
-                        "contract has none (nn.Transformer{Encoder,Decoder}(norm=...) adds one: "
-                        "pass norm=None)".replace("{Encoder,Decoder}", kind.capitalize()),
-                    )
-                )
+                found.append(Finding(top, math.inf, cause=extra_final_norm(kind)))
             else:
                 z = a.input(top)
                 z = z if z is not None else last
@@ -433,21 +611,122 @@ def walk(a: Answer, b: dict[str, np.ndarray]) -> list[Finding]:
                     w, bias = a.params.arrays[f"{top}.weight"], a.params.arrays[f"{top}.bias"]
                     cands = norm_candidates(z, w, bias, spec.ln_eps)
                     found.append(judge(top, a.outputs[top], cands, mask, a.tol))
+    read_check = stream_finding(a, "dec_norm", "out", a.input("out"), b["tgt_mask"])
+    if read_check is not None:
+        found.append(read_check)
     return found
+
+
+def reads_memory(where: str, norm: str) -> bool:
+    """Whether a finding inside a decoder layer is at or after its cross-attention (reading the
+    memory) in order of computation (post-LN's norm2 follows it, pre-LN's precedes it)."""
+    sub = where.split(".", 2)[2] if where.count(".") >= 2 else ""
+    after = ("cross_attn", "linear1", "linear2", "norm3", "") + (
+        ("norm2",) if norm == "post" else ()
+    )
+    return sub in after
+
+
+def missing_final_norm(top: str) -> str:
+    """A pre-LN stack's final norm never applied, said with what reads the stream."""
+    if top == "enc_norm":
+        return "enc_norm is never applied: the decoder reads the encoder's last layer un-normalised"
+    return (
+        "dec_norm is never applied: the output layer reads the decoder's last layer un-normalised"
+    )
+
+
+def extra_final_norm(kind: str) -> str:
+    return (
+        f"a final LayerNorm after the {kind} in a post-LN model: the contract has none "
+        f"(nn.Transformer{kind.capitalize()}(norm=...) adds one: pass norm=None)"
+    )
+
+
+def memory_reader(a: Answer) -> tuple[str, np.ndarray | None]:
+    """The first hooked module that reads the memory, and the memory it read."""
+    for i in range(a.params.spec.n_dec):
+        for name in (f"decoder.{i}.cross_attn", f"decoder.{i}"):
+            read = a.input(name, 1)
+            if read is not None:
+                return name, read
+    return "", None
+
+
+def final_norm(a: Answer, top: str) -> tuple[np.ndarray, np.ndarray]:
+    """The weights of a stack's final norm: the contract's (pre-LN); in a post-LN model, those
+    of the extra norm as the subject names it (nn.Transformer's encoder.norm), else unit gains."""
+    arrays = a.params.arrays
+    if f"{top}.weight" in arrays:
+        return arrays[f"{top}.weight"], arrays[f"{top}.bias"]
+    d = a.params.spec.d_model
+    state = unwrapped(a.state)
+    for name in (top, "encoder.norm" if top == "enc_norm" else "decoder.norm"):
+        weight, bias = state.get(f"{name}.weight"), state.get(f"{name}.bias")
+        if weight is not None and np.shape(weight) == (d,):
+            bias = np.zeros(d) if bias is None else bias
+            return np.asarray(weight, dtype=np.float64), np.asarray(bias, dtype=np.float64)
+    return np.ones(d), np.zeros(d)
+
+
+def stream_finding(
+    a: Answer, top: str, reader: str, read: np.ndarray | None, mask: np.ndarray
+) -> Finding | None:
+    """What `reader` reads after a stack (the memory; the output layer's input) against the
+    stack's output in the contract, from the subject's own last layer: its final norm's output
+    in pre-LN (the subject's own `top`, when hooked: a fault of that norm is its own finding),
+    the last layer's in post-LN. A departure is charged to the reader, its first reader, with
+    the final norm missing, or one too many, named."""
+    spec = a.params.spec
+    kind = "encoder" if top == "enc_norm" else "decoder"
+    last = a.outputs.get(f"{kind}.{(spec.n_enc if kind == 'encoder' else spec.n_dec) - 1}")
+    hooked = a.outputs.get(top)
+    if read is None or (hooked is None and last is None):
+        return None
+    weight, bias = final_norm(a, top)
+    if hooked is not None:
+        want = hooked
+    else:
+        want = layer_norm(last, weight, bias, spec.ln_eps) if spec.norm == "pre" else last
+    found = judge(reader, read, [Candidate("the stream", want)], mask, a.tol)
+    if not found.departs:
+        return None
+    who = "the decoder" if kind == "encoder" else "the output layer"
+    cause = ""
+    if last is not None and spec.norm == "pre" and relative(read, last, mask) <= a.tol:
+        cause = (
+            missing_final_norm(top)
+            if hooked is None
+            else f"{who} reads the {kind}'s last layer un-normalised, not {top}'s output"
+        )
+    elif last is not None and spec.norm == "post":
+        for eps in (spec.ln_eps, *COMMON_EPS):
+            if relative(read, layer_norm(last, weight, bias, eps), mask) <= a.tol:
+                cause = extra_final_norm(kind)
+                break
+    return dataclasses.replace(found, cause=cause)
 
 
 def subject_memory(a: Answer) -> np.ndarray | None:
     """The encoder's output as the subject computed it: enc_norm's, else the last layer's."""
     spec = a.params.spec
     name = "enc_norm" if spec.norm == "pre" else f"encoder.{spec.n_enc - 1}"
-    got = a.outputs.get(name)
-    return None if got is None else np.asarray(got, dtype=np.float64)
+    return a.outputs.get(name)
 
 
 def logits_finding(a: Answer, got: np.ndarray, want: np.ndarray, mask: np.ndarray) -> Finding:
     """The logits against the contract's from the subject's own last value (the output layer's
-    input), with the log-probabilities fault named."""
+    input; else the decoder's last layer and final norm), with the log-probabilities fault and a
+    final norm missing or one too many named."""
+    spec = a.params.spec
     y = a.input("out")
+    last = a.outputs.get(f"decoder.{spec.n_dec - 1}")
+    unread = y is None and "dec_norm" not in a.outputs and last is not None
+    if y is None:
+        y = a.outputs.get("dec_norm")
+    if y is None and last is not None:
+        weight, bias = final_norm(a, "dec_norm")
+        y = layer_norm(last, weight, bias, spec.ln_eps) if spec.norm == "pre" else last
     if y is not None:
         local = output_logits(a.params, y)
         f = judge("logits", got, [Candidate("logits", local)], mask, a.tol)
@@ -456,45 +735,73 @@ def logits_finding(a: Answer, got: np.ndarray, want: np.ndarray, mask: np.ndarra
         want = local
     shift = got - want
     centred = shift - shift.mean(axis=-1, keepdims=True)
+    cause = ""
     if relative(got, log_softmax(want), mask) <= a.tol:
         cause = "the logits are log-probabilities (log_softmax applied): return the raw logits"
     elif relative(centred + want, want, mask) <= a.tol:
         cause = "the logits differ by a constant per position: a softmax-like normalisation"
-    else:
-        cause = ""
+    elif unread:  # the output layer's input is not hooked: a final norm judged by the logits
+        weight, bias = final_norm(a, "dec_norm")
+        if spec.norm == "pre" and relative(got, output_logits(a.params, last), mask) <= a.tol:
+            cause = missing_final_norm("dec_norm")
+        elif spec.norm == "post" and any(
+            relative(got, output_logits(a.params, layer_norm(last, weight, bias, e)), mask) <= a.tol
+            for e in (spec.ln_eps, *COMMON_EPS)
+        ):
+            cause = extra_final_norm("decoder")
     return Finding("logits", relative(got, want, mask), cause=cause)
 
 
-def first_divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]) -> str:
-    """The diagnosis of one config's forward pass, in a sentence or two."""
-    params = read_params(answer["state_dict"], cfg)
+def first_divergence(answer: Any, cfg: dict, b: dict[str, np.ndarray]) -> str:
+    """The diagnosis of one config's forward pass, in a sentence or two. It never raises: the
+    subject's answer is any plain data, and an error the diagnosis meets on it is said for this
+    config ("no diagnosis: <why>") instead of stopping the grade."""
+    try:
+        return divergence(answer, cfg, b)
+    except Failure as e:  # the weights cannot be read, or no tolerance fits: nothing to compare
+        return f"cannot compare: {e}"
+    except Exception as e:  # the boundary: the diagnosis's own logic stays strict inside
+        return f"no diagnosis: {type(e).__name__}: {str(e)[:300]}"
+
+
+def divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]) -> str:
+    """first_divergence's work, which raises on what it cannot read."""
+    if not isinstance(answer, dict):
+        raise TypeError(f"the probe's answer is a {type(answer).__name__}, not a mapping")
+    state = answer.get("state_dict")
+    params = read_params(state, cfg)
     want = oracle.forward(params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"])
-    got = np.asarray(answer["logits"], dtype=np.float64)
-    tol = tolerance(answer["dtype"], "logits")
-    if got.shape != want.shape:
-        return f"the logits have shape {got.shape}, expected {want.shape}"
-    outputs = {k: np.asarray(v, dtype=np.float64) for k, v in answer["outputs"].items()}
-    inputs = {k: [np.asarray(x, dtype=np.float64) for x in v] for k, v in answer["inputs"].items()}
-    a = Answer(params, inputs, outputs, list(answer["modules"]), tol)
+    tol = tolerance(answer.get("dtype"), "logits")
+    logits = batch_first(answer.get("logits"), want.shape, want, b["tgt_mask"])
+    if logits.array is None or np.iscomplexobj(logits.array):
+        return f"the logits cannot be compared: {logits.reason or 'complex values'}"
+    if logits.layout == TIME_FIRST:
+        return (
+            f"the logits have shape {np.shape(answer['logits'])}, expected {want.shape}: they are "
+            "time-first [T, B, V]; the contract's logits are batch-first [B, T, V]"
+        )
+    got = np.asarray(logits.array, dtype=np.float64)
+    a, reading = read_answer(answer, params, b, tol)
+    a.state = state if isinstance(state, dict) else {}
     overall = relative(got, want, b["tgt_mask"])
     found = walk(a, b)
-    shape = boundaries([f for f in found if f.matched and not f.own])
+    shape = boundaries([f for f in found if f.matched and not f.own]) + reading.note()
     if overall <= tol:
         return f"the forward pass agrees with the oracle{shape}"
     departures = [f for f in found if f.departs]
     end = logits_finding(a, got, want, b["tgt_mask"])
     if end.departs:
         departures.append(end)
-    if not outputs or not departures:
+    if not a.outputs or not departures:
         # nothing hooked to locate it by, or nothing hooked departs: the whole-model hypotheses
-        fits = hypothesis(params, b, got, tol)
+        fits = hypothesis(a, b, got, tol)
         where = (
             "no submodule carrying the contract's module names is called, so no module is located"
-            if not outputs
+            if not a.outputs
             else "every hooked module computes the contract's function of its own input"
         )
         said = f"the logits match the contract's model where {fits}" if fits else where
-        if fits and outputs:
+        if fits and a.outputs:
             said += f" ({where})"
         return f"the logits differ by {overall:.3g} (relative): {said}{shape}"
     first = departures[0]
@@ -508,35 +815,67 @@ def first_divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]
 # --- without hooks: whole-model hypotheses -----------------------------------------------------
 
 
-def variant_forward(params: Any, b: dict, eps: dict[str, float], spec: Any = None) -> np.ndarray:
+def variant_forward(
+    params: Any,
+    b: dict,
+    eps: dict[str, float],
+    spec: Any = None,
+    tops: dict[str, tuple | None] | None = None,
+) -> np.ndarray:
     """The contract's forward pass with `spec` for the layers and, per LayerNorm (a layer's
-    prefix, 'enc_norm' or 'dec_norm'), its own eps: the model a hypothesis describes."""
+    prefix, 'enc_norm' or 'dec_norm'), its own eps: the model a hypothesis describes. `tops`
+    replaces a stack's final norm ('enc_norm', 'dec_norm'): None for none, else its (weight,
+    bias); the contract's where not given."""
     spec = spec or params.spec
     a = params.arrays
     at = dataclasses.replace
+    finals: dict[str, tuple | None] = {
+        top: (a[f"{top}.weight"], a[f"{top}.bias"]) if spec.norm == "pre" else None
+        for top in ("enc_norm", "dec_norm")
+    }
+    finals.update(tops or {})
+
+    def final(top: str, z: np.ndarray) -> np.ndarray:
+        norm = finals[top]
+        return z if norm is None else layer_norm(z, *norm, eps.get(top, spec.ln_eps))
+
     x = embed(dataclasses.replace(params, spec=spec), params.src_table, b["src"])
     enc_mask = source_attention_mask(b["src_mask"])
     for i in range(spec.n_enc):
         s = at(spec, ln_eps=eps.get(f"encoder.{i}", spec.ln_eps))
         x, _ = encoder_layer(x, params.layer(f"encoder.{i}"), enc_mask, s)
-    if spec.norm == "pre":
-        x = layer_norm(
-            x, a["enc_norm.weight"], a["enc_norm.bias"], eps.get("enc_norm", spec.ln_eps)
-        )
+    x = final("enc_norm", x)
     y = embed(dataclasses.replace(params, spec=spec), params.tgt_table, b["tgt_in"])
     self_mask = target_attention_mask(b["tgt_mask"])
     for i in range(spec.n_dec):
         s = at(spec, ln_eps=eps.get(f"decoder.{i}", spec.ln_eps))
         y, _ = decoder_layer(y, x, params.layer(f"decoder.{i}"), self_mask, enc_mask, s)
-    if spec.norm == "pre":
-        y = layer_norm(
-            y, a["dec_norm.weight"], a["dec_norm.bias"], eps.get("dec_norm", spec.ln_eps)
-        )
-    return output_logits(dataclasses.replace(params, spec=spec), y)
+    return output_logits(dataclasses.replace(params, spec=spec), final("dec_norm", y))
 
 
-def hypotheses(params: Any, b: dict) -> Iterator[tuple[str, np.ndarray]]:
+def final_norm_hypotheses(a: Answer, b: dict) -> Iterator[tuple[str, np.ndarray]]:
+    """(cause, logits) for a stack's final norm never applied (pre-LN) or one too many
+    (post-LN), each named with the first reader of the stream it changes."""
+    params = a.params
+    readers = {"enc_norm": "decoder.0.cross_attn", "dec_norm": "the output layer, out"}
+    if params.spec.norm == "pre":
+        for tops in (("enc_norm",), ("dec_norm",), ("enc_norm", "dec_norm")):
+            said = [f"{missing_final_norm(top)} (its first reader: {readers[top]})" for top in tops]
+            yield "; ".join(said), variant_forward(params, b, {}, tops=dict.fromkeys(tops))
+    else:
+        for tops in (("enc_norm",), ("dec_norm",), ("enc_norm", "dec_norm")):
+            said = [
+                f"{extra_final_norm(kind)} (its first reader: {readers[top]})"
+                for top, kind in (("enc_norm", "encoder"), ("dec_norm", "decoder"))
+                if top in tops
+            ]
+            norms = {top: final_norm(a, top) for top in tops}
+            yield "; ".join(said), variant_forward(params, b, {}, tops=norms)
+
+
+def hypotheses(a: Answer, b: dict) -> Iterator[tuple[str, np.ndarray]]:
     """(cause, logits) for the classic whole-model faults, one at a time."""
+    params = a.params
     spec = params.spec
     at = dataclasses.replace
     norms = [f"encoder.{i}" for i in range(spec.n_enc)] + [
@@ -564,6 +903,7 @@ def hypotheses(params: Any, b: dict) -> Iterator[tuple[str, np.ndarray]]:
             f"the LayerNorm placement: the layers compute post-LN though cfg.norm is '{spec.norm}'",
             variant_forward(params, b, {}, at(spec, norm="post")),
         )
+    yield from final_norm_hypotheses(a, b)
     yield (
         "the feed-forward's activation is GELU: the contract's is ReLU",
         variant_forward(params, b, {}, at(spec, activation="gelu")),
@@ -584,10 +924,10 @@ def hypotheses(params: Any, b: dict) -> Iterator[tuple[str, np.ndarray]]:
     )
 
 
-def hypothesis(params: Any, b: dict, got: np.ndarray, tol: float) -> str:
+def hypothesis(a: Answer, b: dict, got: np.ndarray, tol: float) -> str:
     """The classic fault whose whole model gives the subject's logits, if one does. float32
     rounding of the table is matched at float32's level, the others at the test's tolerance."""
-    for cause, logits in hypotheses(params, b):
+    for cause, logits in hypotheses(a, b):
         bound = FLOAT32_LEVEL if "float32" in cause else tol
         if relative(got, logits, b["tgt_mask"]) <= bound:
             return cause
@@ -615,14 +955,21 @@ def say(f: Finding) -> str:
 
 def diagnose(call: Call) -> dict[str, str]:
     """first_divergence on the golden test's inputs (the same weights, the same batches), per
-    config."""
+    config. Never raises: what stops one config's diagnosis (the subject raising in the probe,
+    a worker that died, an answer it cannot read) is said for that config."""
     found = {}
     for name, cfg, b in golden_inputs():
         try:
             weights = golden_weights(call, name, cfg)
             answer = call("module_outputs", cfg=cfg, weights=weights, **forward_inputs(b))
+            if not isinstance(answer, dict):
+                raise TypeError(f"module_outputs gave a {type(answer).__name__}, not a mapping")
             assert_holds(name, answer.get("state_dict"), weights)
-            found[name] = first_divergence({**answer, "state_dict": weights}, cfg, b)
         except Failure as e:
             found[name] = f"cannot compare: {e}"
+            continue
+        except Exception as e:  # the boundary: a grade goes on whatever one config met
+            found[name] = f"no diagnosis: {type(e).__name__}: {str(e)[:300]}"
+            continue
+        found[name] = first_divergence({**answer, "state_dict": weights}, cfg, b)
     return found
