@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 import oracle
-from harness.shared_tests.inputs import DATA
+from harness.shared_tests.inputs import DATA, contract_shapes
 from harness.shared_tests.record import Failure
 
 # float64 subject vs float64 oracle: both round at ~1e-16 per operation and a tiny model chains a
@@ -79,7 +79,9 @@ def readable(state: dict[str, np.ndarray], cfg: dict) -> tuple[Any, list[str]]:
     Forgiven: one module path above every name (a wrapper such as `transformer.`); a bias on the
     output layer, which the oracle then adds to the logits (the model's function is what it
     computes); final norms in a post-LN model, left out, so that the values tests see what they
-    change. Anything else unreadable raises the reader's error.
+    change; names the contract does not have, when every name it has is there (an extra
+    parameter: if the model computes with it, the values show it). Anything else unreadable
+    (a name missing, a shape not the contract's) raises the reader's error.
     """
     try:
         return oracle.read_state_dict(state, cfg), []
@@ -100,10 +102,18 @@ def readable(state: dict[str, np.ndarray], cfg: dict) -> tuple[Any, list[str]]:
             state.pop(k)
         if finals:
             forgiven.append("final norms in a post-LN model")
-    if not forgiven:
-        raise error
     try:
         params = oracle.read_state_dict(state, cfg)
+    except oracle.StateDictError as e:
+        if e.missing or not e.unexpected:
+            raise error from None
+        for k in e.unexpected:
+            state.pop(k, None)
+        forgiven.append(f"names the contract does not have ({listing(e.unexpected)})")
+        try:
+            params = oracle.read_state_dict(state, cfg)
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise error from None
     except (ValueError, KeyError, TypeError, IndexError):
         raise error from None
     if bias is not None:
@@ -127,6 +137,31 @@ def read_params(state: dict[str, np.ndarray], cfg: dict, what: str = "state_dict
         # the oracle's expectation from NaN weights is NaN: nothing could be judged against it
         raise Failure(f"{what} holds values that are not finite: {listing(bad)}")
     return params
+
+
+def table_params(state: dict[str, np.ndarray], cfg: dict, what: str = "state_dict") -> Any:
+    """The oracle's Params for a test that reads only the embedding tables (and the output
+    layer): `read_params` when the whole state_dict can be read; else, when the tables can be
+    (under the contract's names, a wrapper's path forgiven, the contract's shapes), Params that
+    hold them with every other parameter a placeholder 0, which nothing may use. When not even
+    the tables can be read: read_params's "not judged"."""
+    try:
+        return read_params(state, cfg, what)
+    except Failure as failure:
+        first = failure
+    state = unwrapped(dict(state))
+    shapes = contract_shapes(cfg)
+    tables = [k for k in shapes if k.endswith("emb.weight") or k == "out.weight"]
+    if any(k not in state or tuple(np.shape(state[k])) != shapes[k] for k in tables):
+        raise first
+    filled = {
+        k: np.asarray(state[k], dtype=np.float64) if k in tables else np.zeros(shape)
+        for k, shape in shapes.items()
+    }
+    bad = [k for k in tables if not np.all(np.isfinite(filled[k]))]
+    if bad:
+        raise Failure(f"{what} holds values that are not finite: {listing(bad)}")
+    return oracle.read_state_dict(filled, cfg)
 
 
 def shorten(message: str, keep: int = 4) -> str:

@@ -17,12 +17,14 @@ from harness.shared_tests.verdicts import (
 
 @law(
     "test_parameter_names_follow_the_norm",
-    "exactly the contract's names and shapes; pre-LN adds exactly enc_norm and dec_norm",
+    "exactly the contract's names and shapes, each a tensor of its own; pre-LN adds exactly "
+    "enc_norm and dec_norm",
     timeout=20.0,
 )
 def check_parameter_names_follow_the_norm(call: Call) -> None:
-    # The state_dict holds exactly the contract's names and shapes; pre-LN adds exactly enc_norm
-    # and dec_norm; decoder layers have cross_attn and norm3.
+    # The state_dict holds exactly the contract's names and shapes, no two of them one tensor
+    # (every layer its own parameters); pre-LN adds exactly enc_norm and dec_norm; decoder
+    # layers have cross_attn and norm3.
     cfgs = [
         config(n_enc=2, n_dec=1),
         config(n_enc=2, n_dec=1, norm="pre"),
@@ -45,6 +47,22 @@ def check_parameter_names_follow_the_norm(call: Call) -> None:
         for name, shape in want.items():
             if tuple(got[name]) != shape:
                 raise Failure(f"{label}: {name} has shape {tuple(got[name])}, expected {shape}")
+    for cfg, layout in zip(cfgs, call("parameter_layout", cfgs=cfgs), strict=True):
+        shared = {n: first for n, first in layout["aliases"].items() if first != n}
+        if shared:
+            label = f"{cfg['norm']}-LN, {cfg['n_enc']}+{cfg['n_dec']} layers, tie {tying(cfg)}"
+            pairs = [f"{n} is {first}" for n, first in sorted(shared.items())]
+            layers = {n.split(".")[0] for n in shared} & {"encoder", "decoder"}
+            hint = (
+                ": every layer has its own parameters (nn.ModuleList([layer] * n) gives all n "
+                "layers one layer's; build each layer anew)"
+                if layers
+                else ": a tied table is one tensor listed once"
+            )
+            raise Failure(
+                f"{label}: names that are one tensor: {listing(pairs, 2)} ({len(shared)} names "
+                f"share another's storage){hint}"
+            )
     post, pre = set(got_all[0]), set(got_all[1])
     added = {"enc_norm.weight", "enc_norm.bias", "dec_norm.weight", "dec_norm.bias"}
     if pre - post != added or post - pre:

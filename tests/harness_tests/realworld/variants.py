@@ -488,6 +488,92 @@ def layer_step(''',
             "sources and compare with the oracle: dependents.",
         },
     },
+    # --- onmt.py: OpenNMT-py's attribute names, the contract's names in the state_dict only ---
+    {
+        "id": "onmt-layers-shared",
+        "base": "onmt.py",
+        "patch": [
+            [
+                "nn.ModuleList([TransformerEncoderLayer(cfg) for _ in range(cfg.n_enc)])",
+                "nn.ModuleList([TransformerEncoderLayer(cfg)] * cfg.n_enc)  # FAULT: one layer",
+            ],
+            [
+                "[TransformerDecoderLayer(cfg) for _ in range(cfg.n_dec)]",
+                "[TransformerDecoderLayer(cfg)] * cfg.n_dec",
+            ],
+        ],
+        "fault": "nn.ModuleList([layer] * n): every layer of a stack is one module, so all of "
+        "them share the first layer's weights",
+        "expected": {
+            "failing": [NAMES],
+            "dependent": [],
+            "diagnosis": ["one tensor", "[layer] * n"],
+            "absent": ["first divergence", "not judged"],
+            "notes": "CONTRACT.md: each state_dict name is a tensor of its own. The names are "
+            "right but encoder.1.* is encoder.0.*: only the names law is broken. On weights the "
+            "parent pushes (one value per tensor) every value is the oracle's for identical "
+            "layers, and each shared tensor's gradient is the sum of the oracle's gradients of "
+            "its names; this base's save_transformer clones every tensor, so save/load works.",
+        },
+    },
+    {
+        "id": "onmt-load-drops-norm",
+        "base": "onmt.py",
+        "patch": [
+            [
+                "        cfg = TransformerConfig(**json.load(f))",
+                "        saved = json.load(f)\n"
+                "        saved.pop(\"norm\")  # FAULT: the placement is not restored\n"
+                "        cfg = TransformerConfig(**saved)",
+            ],
+            [
+                "    model.load_state_dict(tensors)\n    return model",
+                "    model.load_state_dict(tensors, strict=False)\n    return model",
+            ],
+        ],
+        "fault": "load_transformer drops the config's norm (the model comes back post-LN) and "
+        "loads non-strictly, so a pre-LN model loses its placement and its final norms",
+        "expected": {
+            "failing": [TRANSLATE],
+            "dependent": [],
+            "diagnosis": ["pre-LN", "load_transformer"],
+            "absent": ["first divergence"],
+            "notes": "post-LN round trips exactly; the pre-LN one does not. The save/load law is "
+            "the translate test's, which runs save/load at 2+2 layers in both norms; no other "
+            "test loads a saved model.",
+        },
+    },
+    # --- fairseq.py: fairseq's names, time-first stacks, an incremental state ----------------
+    {
+        "id": "fairseq-layers-shared",
+        "base": "fairseq.py",
+        "patch": [
+            [
+                "nn.ModuleList([TransformerEncoderLayer(cfg) for _ in range(cfg.n_enc)])",
+                "nn.ModuleList([TransformerEncoderLayer(cfg)] * cfg.n_enc)  # FAULT: one layer",
+            ],
+            [
+                "nn.ModuleList([TransformerDecoderLayer(cfg) for _ in range(cfg.n_dec)])",
+                "nn.ModuleList([TransformerDecoderLayer(cfg)] * cfg.n_dec)",
+            ],
+            [
+                "    tensors = {k: v.detach().clone().contiguous() for k, v in "
+                "model.state_dict().items()}\n",
+                "    tensors = model.state_dict()\n",
+            ],
+        ],
+        "fault": "nn.ModuleList([layer] * n) in both stacks, and save_transformer hands the "
+        "state_dict to safetensors as it is: it refuses tensors that share memory",
+        "expected": {
+            "failing": [NAMES],
+            "dependent": [TRANSLATE],
+            "diagnosis": ["one tensor", "[layer] * n"],
+            "absent": ["first divergence"],
+            "notes": "as onmt-layers-shared (the names law: each name a tensor of its own); "
+            "save_transformer raises for two or more layers, an outcome of the same fault that "
+            "the save/load test meets (a model the contract forbids): a dependent.",
+        },
+    },
     # --- functional.py: parameter-only modules, torch.nn.functional, no hookable module outputs --
     {
         "id": "functional-enc-norm-eps",

@@ -42,31 +42,71 @@ def first_calls(model: torch.nn.Module, names: Any) -> dict[str, dict[str, Any]]
     return seen
 
 
-def contract_modules(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
+def contract_modules(model: torch.nn.Module) -> dict[str, Any]:
     """The submodules that carry the contract's module names, by those names: torch's stack
     names translated, and looked for inside a wrapper module when not at the model's top; a
     name no submodule carries is the submodule whose parameters are exactly those the
     state_dict lists under it (`modules_by_parameters`: attribute names of the subject's own,
-    renamed only in its state_dict)."""
+    renamed only in its state_dict). One module that carries several names (layers that are one
+    module, nn.ModuleList([layer] * n)) is given as a `SharedCall` per name, whose hooks see
+    that name's calls only."""
     modules = dict(model.named_modules())
     wrapper = wrapper_prefix(modules)
-    found = {}
+    found: dict[str, torch.nn.Module] = {}
     for name, sub in modules.items():
         if name.startswith(wrapper) and CONTRACT_NAME.match(contract_name(name[len(wrapper) :])):
             found.setdefault(contract_name(name[len(wrapper) :]), sub)
-    taken = {id(sub) for sub in found.values()}
     for name, sub in modules_by_parameters(model).items():
-        if name not in found and id(sub) not in taken:
-            found[name] = sub
-            taken.add(id(sub))
-    return found
+        found.setdefault(name, sub)
+    carried: dict[int, list[str]] = {}
+    for name, sub in found.items():
+        carried.setdefault(id(sub), []).append(name)
+    out: dict[str, Any] = dict(found)
+    for names in carried.values():
+        if len(names) > 1:
+            names.sort(key=lambda n: [int(x) if x.isdigit() else -1 for x in n.split(".")])
+            calls = [0]
+            found[names[0]].register_forward_pre_hook(lambda *_, calls=calls: _count(calls))
+            for i, name in enumerate(names):
+                out[name] = SharedCall(found[name], i, len(names), calls)
+    return out
+
+
+def _count(calls: list[int]) -> None:
+    calls[0] += 1
+
+
+class SharedCall:
+    """One of the names a module carries with others (layers that are one module): its calls
+    are, in each forward pass, the index-th of every `count` calls of the module (layer i of a
+    stack of one module is its i-th call). Hooks registered here are the module's, called only
+    then; registering returns the module's handle."""
+
+    def __init__(self, module: torch.nn.Module, index: int, count: int, calls: list[int]):
+        self.module, self.index, self.count, self.calls = module, index, count, calls
+
+    def mine(self) -> bool:
+        return (self.calls[0] - 1) % self.count == self.index
+
+    def register_forward_pre_hook(self, hook: Any, **kw: Any) -> Any:
+        def only_mine(*args: Any) -> Any:
+            return hook(*args) if self.mine() else None
+
+        return self.module.register_forward_pre_hook(only_mine, **kw)
+
+    def register_forward_hook(self, hook: Any, **kw: Any) -> Any:
+        def only_mine(*args: Any) -> Any:
+            return hook(*args) if self.mine() else None
+
+        return self.module.register_forward_hook(only_mine, **kw)
 
 
 def modules_by_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
     """Contract module name -> the submodule whose parameters are exactly the parameters the
     state_dict's entries under that name are (or are views of), the deepest such (a LayerNorm,
     not a container holding only it); names under one module path above them all (a wrapper)
-    are read without it. Matched by what the tensors are, whatever the attributes are called."""
+    are read without it. Matched by what the tensors are, whatever the attributes are called;
+    names whose entries are one module's (layers that are one module) all get that module."""
     views = parameter_views(model)
     heads = {k.split(".", 1)[0] for k in views}
     top = any(k.startswith(("src_emb.", "encoder.", "decoder.")) for k in views)
@@ -78,17 +118,14 @@ def modules_by_parameters(model: torch.nn.Module) -> dict[str, torch.nn.Module]:
             if CONTRACT_NAME.match(name := ".".join(parts[:i])):
                 want.setdefault(name, set()).add(id(p))
     owned = [
-        (name.count("."), name, sub, {id(p) for p in sub.parameters()})
+        (name.count("."), sub, {id(p) for p in sub.parameters()})
         for name, sub in model.named_modules()
     ]
     found: dict[str, torch.nn.Module] = {}
-    taken: set[int] = set()
     for name, ids in want.items():
-        matches = [(depth, n, sub) for depth, n, sub, held in owned if held == ids]
-        matches = [m for m in matches if id(m[2]) not in taken]
+        matches = [(depth, sub) for depth, sub, held in owned if held == ids]
         if matches:
-            found[name] = max(matches, key=lambda m: m[0])[2]
-            taken.add(id(found[name]))
+            found[name] = max(matches, key=lambda m: m[0])[1]
     return found
 
 
