@@ -543,6 +543,27 @@ def layer_step(''',
             "test loads a saved model.",
         },
     },
+    {
+        "id": "onmt-norm1-eps-default",
+        "base": "onmt.py",
+        "patch": [
+            [
+                "self.layer_norm = nn.LayerNorm(cfg.d_model, eps=cfg.ln_eps)\n",
+                "self.layer_norm = nn.LayerNorm(cfg.d_model)  # FAULT: cfg.ln_eps not passed\n",
+            ],
+        ],
+        "fault": "the encoder layers' first norm (OpenNMT's layer_norm, the contract's norm1) is "
+        "built without cfg.ln_eps (torch's 1e-5)",
+        "expected": {
+            "failing": [GOLDEN],
+            "dependent": [],
+            "diagnosis": ["encoder.0.norm1"],
+            "absent": ["not judged"],
+            "notes": "only the golden pre-LN configuration (ln_eps 1e-3) sees it. The module is "
+            "found by what its parameters are (OpenNMT's attribute names, the contract's only in "
+            "the state_dict), so the diagnosis can name it.",
+        },
+    },
     # --- fairseq.py: fairseq's names, time-first stacks, an incremental state ----------------
     {
         "id": "fairseq-layers-shared",
@@ -572,6 +593,48 @@ def layer_step(''',
             "notes": "as onmt-layers-shared (the names law: each name a tensor of its own); "
             "save_transformer raises for two or more layers, an outcome of the same fault that "
             "the save/load test meets (a model the contract forbids): a dependent.",
+        },
+    },
+    {
+        "id": "fairseq-no-sqrt-d",
+        "base": "fairseq.py",
+        "patch": [
+            [
+                "x = self.embed_scale * self.embed_tokens(src_tokens)",
+                "x = self.embed_tokens(src_tokens)  # FAULT: not scaled by sqrt(d_model)",
+            ],
+        ],
+        "fault": "the source embeddings are not multiplied by sqrt(d_model) (the target's are)",
+        "expected": {
+            "failing": [EMBEDDINGS, GOLDEN],
+            "dependent": [TRANSLATE, BEAM, LEARNS],
+            "diagnosis": ["sqrt", "time-first"],
+            "notes": "x0 is wrong (embedding law), read at encoder.0's input, which is time-first "
+            "[T, B, d] here: it is judged in the contract's layout and its cause named; every "
+            "value follows (values law). Decoding and learning are outcomes of the same fault.",
+        },
+    },
+    # --- fused.py, again: a parameter the contract does not have -----------------------------
+    {
+        "id": "fused-unused-parameter",
+        "base": "fused.py",
+        "patch": [
+            [
+                "        self.drop = nn.Dropout(cfg.dropout)\n",
+                "        self.drop = nn.Dropout(cfg.dropout)\n"
+                "        self.length_bias = nn.Parameter(torch.zeros(cfg.max_len))  # FAULT: unused\n",
+            ],
+        ],
+        "fault": "a parameter the contract does not have (length_bias, never used) is in the "
+        "state_dict",
+        "expected": {
+            "failing": [NAMES],
+            "dependent": [],
+            "diagnosis": ["length_bias"],
+            "absent": ["not judged", "first divergence"],
+            "notes": "only the names law is broken. Every name the contract has is there, so the "
+            "value tests read the model without the extra one and judge it (the values are "
+            "right).",
         },
     },
     # --- functional.py: parameter-only modules, torch.nn.functional, no hookable module outputs --
