@@ -757,7 +757,8 @@ def first_divergence(answer: Any, cfg: dict, b: dict[str, np.ndarray]) -> str:
     subject's answer is any plain data, and an error the diagnosis meets on it is said for this
     config ("no diagnosis: <why>") instead of stopping the grade."""
     try:
-        return divergence(answer, cfg, b)
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN in, NaN said
+            return divergence(answer, cfg, b)
     except Failure as e:  # the weights cannot be read, or no tolerance fits: nothing to compare
         return f"cannot compare: {e}"
     except Exception as e:  # the boundary: the diagnosis's own logic stays strict inside

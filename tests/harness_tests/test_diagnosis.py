@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import oracle
 from harness.isolation.child import probes
@@ -343,3 +345,266 @@ def test_without_hooks_the_whole_model_hypotheses_name_the_fault():
             assert "match the contract's model where enc_norm has eps 1e-05" in line, line
         else:
             assert line == "the forward pass agrees with the oracle", (name, line)
+
+
+# --- the stream between the stacks: a final norm missing or one too many -------------------------
+
+NO_ENC_NORM = ('        if self.cfg.norm == "pre":\n            x = self.enc_norm(x)\n', "")
+NO_DEC_NORM = ('        if self.cfg.norm == "pre":\n            y = self.dec_norm(y)\n', "")
+# post-LN with a final LayerNorm that is no contract module (unit gains): no hook sees it
+EXTRA_ENC_NORM = (
+    '        if self.cfg.norm == "pre":\n            x = self.enc_norm(x)\n',
+    '        if self.cfg.norm == "pre":\n            x = self.enc_norm(x)\n'
+    "        else:\n            x = F.layer_norm(x, (x.size(-1),), eps=self.cfg.ln_eps)\n",
+)
+
+
+def without_hooks(module):
+    """The module's diagnoses as for a subject whose modules are never called (nothing hooked)."""
+    found = {}
+    for name, cfg, b in golden_inputs():
+        answer = probes.PROBES["module_outputs"](
+            module, cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b)
+        )
+        answer.update(outputs={}, inputs={}, modules=[])
+        found[name] = diagnosis.first_divergence(answer, cfg, b)
+    return found
+
+
+@pytest.mark.parametrize(
+    "patch, norm, hooked, unhooked",
+    [
+        (
+            NO_ENC_NORM,
+            "pre",
+            "first divergence: decoder.0.cross_attn, max abs error",
+            "enc_norm is never applied: the decoder reads the encoder's last layer un-normalised",
+        ),
+        (
+            NO_DEC_NORM,
+            "pre",
+            "first divergence: logits, max abs error",
+            "dec_norm is never applied: the output layer reads the decoder's last layer "
+            "un-normalised",
+        ),
+        (
+            EXTRA_ENC_NORM,
+            "post",
+            "first divergence: decoder.0.cross_attn, max abs error",
+            "a final LayerNorm after the encoder in a post-LN model: the contract has none",
+        ),
+    ],
+    ids=["enc_norm never applied", "dec_norm never applied", "an extra final norm, unhooked"],
+)
+def test_a_final_norm_missing_or_extra_is_named_at_its_first_reader(patch, norm, hooked, unhooked):
+    # the stream between the stacks is judged where it is first read: the memory at
+    # decoder.0.cross_attn, the decoder's output at the output layer (the logits, when the
+    # output layer is a tied table and no module); without hooks, a whole-model hypothesis
+    module = variant(patch)
+    for found, where in ((diagnoses(module), hooked), (without_hooks(module), "")):
+        for name, line in found.items():
+            if name.startswith(norm):
+                assert line.startswith(where) and unhooked in line, (name, line)
+            else:
+                assert line == "the forward pass agrees with the oracle", (name, line)
+
+
+# --- layouts: judged by meaning ------------------------------------------------------------------
+
+
+def time_first(answer: dict) -> dict:
+    """The answer as a subject keeping [T, B, C] inside its stacks records it (fairseq)."""
+    turn = {k: np.swapaxes(v, 0, 1).copy() for k, v in answer["outputs"].items() if k != "out"}
+    inputs = {k: [np.swapaxes(x, 0, 1).copy() for x in v] for k, v in answer["inputs"].items()}
+    return {**answer, "outputs": {**answer["outputs"], **turn}, "inputs": inputs}
+
+
+@pytest.mark.parametrize(
+    "patches, line",
+    [
+        ([], "the forward pass agrees with the oracle (hooked values recorded time-first"),
+        (
+            [("F.relu(self.linear1(x))", "F.gelu(self.linear1(x))")],
+            "first divergence: encoder.0.linear2, max abs error",
+        ),
+    ],
+    ids=["correct", "GELU"],
+)
+def test_time_first_hooked_values_are_judged_in_the_batch_first_layout(patches, line):
+    # the crash of issue 24: a T x B x C hooked tensor met the oracle's [B, ...] masks and raised
+    # a broadcast error; now it is turned to batch-first and judged
+    module = variant(*patches)
+    for name, cfg, b in golden_inputs():
+        answer = probes.PROBES["module_outputs"](
+            module, cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b)
+        )
+        found = diagnosis.first_divergence(time_first(answer), cfg, b)
+        assert found.startswith(line), (name, found)
+
+
+def test_a_boundary_that_cannot_be_read_is_said_and_the_others_judged():
+    module = variant(("F.relu(self.linear1(x))", "F.gelu(self.linear1(x))"))
+    name, cfg, b = next(golden_inputs())
+    answer = probes.PROBES["module_outputs"](module, cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b))
+    answer["outputs"]["encoder.0.self_attn"] = answer["outputs"]["encoder.0.self_attn"][:, :, :5]
+    line = diagnosis.first_divergence(answer, cfg, b)
+    assert line.startswith("first divergence: encoder.0.linear2"), line
+    assert "encoder.0.self_attn: not judged: shape (3, 7, 5), expected (3, 7, 16)" in line, line
+
+
+# --- the diagnosis never raises: fuzzed answers --------------------------------------------------
+
+ODD = (
+    "time-first",
+    "int",
+    "float16",
+    "bool",
+    "object",
+    "complex",
+    "tuple",
+    "nested list",
+    "none",
+    "string",
+    "empty",
+    "scalar",
+    "one axis less",
+    "one axis more",
+    "nan",
+    "inf",
+    "narrower",
+)
+
+
+def odd(value, how: str):
+    """`value` made odd in one way a subject's hook (or a broken wire) could give it."""
+    v = np.asarray(value)
+    if how == "time-first":
+        return np.swapaxes(v, 0, 1).copy() if v.ndim > 1 else v
+    if how in ("int", "float16", "bool", "complex"):
+        return v.astype({"int": np.int32, "float16": np.float16}.get(how, how))
+    if how == "object":
+        return v.astype(object)
+    if how == "tuple":
+        return (v, v[..., :1])
+    if how == "nested list":
+        return v.tolist()
+    if how in ("nan", "inf"):
+        out = v.astype(np.float64)
+        out.flat[0] = np.nan if how == "nan" else np.inf
+        return out
+    return {
+        "none": None,
+        "string": "tensor(...)",
+        "empty": np.zeros((0,)),
+        "scalar": np.float64(1.0),
+        "one axis less": v[0] if v.ndim else v,
+        "one axis more": v[None],
+        "narrower": v[..., :-1] if v.ndim else v,
+    }[how]
+
+
+# impl, and two faulty variants whose logits differ (so the walk's departures and the
+# whole-model hypotheses meet the odd values too)
+FUZZED = {
+    "impl": [],
+    "GELU": [("F.relu(self.linear1(x))", "F.gelu(self.linear1(x))")],
+    "no enc_norm": [NO_ENC_NORM],
+}
+BASE_ANSWERS: dict[tuple[str, int], tuple] = {}
+
+
+def base_answer(which: str, config: int) -> tuple[dict, dict, dict, dict]:
+    """A copy of `which`'s answer to module_outputs on golden config `config` (computed once),
+    the answer itself, the config and the batch."""
+    if (which, config) not in BASE_ANSWERS:
+        name, cfg, b = list(golden_inputs())[config]
+        answer = probes.PROBES["module_outputs"](
+            variant(*FUZZED[which]), cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b)
+        )
+        BASE_ANSWERS[which, config] = (answer, cfg, b)
+    answer, cfg, b = BASE_ANSWERS[which, config]
+    copied = {**answer, "outputs": dict(answer["outputs"]), "inputs": dict(answer["inputs"])}
+    copied["state_dict"] = dict(answer["state_dict"])
+    return copied, answer, cfg, b
+
+
+def rarely(n: int):
+    """True once in n draws (Hypothesis favours an integer range's ends)."""
+    return st.sampled_from([False] * (n - 1) + [True])
+
+
+@st.composite
+def odd_answers(draw):
+    """impl's answer with its hooked values, weights, logits and fields made odd."""
+    which = draw(st.sampled_from(sorted(FUZZED)))
+    answer, base, cfg, b = base_answer(which, draw(st.integers(0, 2)))
+    names = sorted(answer["outputs"])
+    for name in draw(st.lists(st.sampled_from(names), max_size=6, unique=True)):
+        answer["outputs"][name] = odd(answer["outputs"][name], draw(st.sampled_from(ODD)))
+    for name in draw(st.lists(st.sampled_from(names), max_size=4, unique=True)):
+        recorded = list(answer["inputs"][name])
+        slot = draw(st.integers(0, len(recorded) - 1))
+        recorded[slot] = odd(recorded[slot], draw(st.sampled_from(ODD)))
+        answer["inputs"][name] = draw(st.sampled_from([recorded, tuple(recorded), recorded[0]]))
+    for name in draw(st.lists(st.sampled_from(names), max_size=6, unique=True)):  # missing hooks
+        del answer["outputs"][name]
+        if draw(st.booleans()):
+            answer["inputs"].pop(name, None)
+    for name in draw(st.lists(st.sampled_from(["encoder.9", "decoder.0.bogus", "", "out.x"]))):
+        answer["outputs"][name] = np.ones((3, 2))  # extra hooks
+        answer["inputs"][name] = [np.ones(2), "x"]
+    if draw(rarely(8)):  # a state_dict missing an entry
+        del answer["state_dict"][draw(st.sampled_from(sorted(answer["state_dict"])))]
+    if draw(rarely(6)):
+        answer["logits"] = odd(answer["logits"], draw(st.sampled_from(ODD)))
+    if draw(rarely(5)):
+        answer["dtype"] = draw(st.sampled_from(["float32", "bfloat16", None, 5]))
+    if draw(rarely(5)):
+        answer["modules"] = draw(st.sampled_from([None, [], [3, None, "encoder.0"], "encoder.0"]))
+    if draw(rarely(7)):
+        answer[draw(st.sampled_from(["outputs", "inputs"]))] = draw(
+            st.sampled_from([None, [], "x", {"encoder.0": None}])
+        )
+    right = (
+        which == "impl"
+        and answer["logits"] is base["logits"]
+        and answer["dtype"] == base["dtype"]
+        and answer["state_dict"].keys() == base["state_dict"].keys()
+    )
+    return answer, cfg, b, right
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(odd_answers())
+def test_the_diagnosis_never_raises_on_odd_answers(case):
+    # whatever the answer holds, the diagnosis is a line, and an odd hooked value is a boundary
+    # not judged, never the end of the diagnosis ("no diagnosis"); with impl's own logits and
+    # weights it never reports a divergence, whatever the hooks hold
+    answer, cfg, b, right = case
+    line = diagnosis.first_divergence(answer, cfg, b)
+    assert isinstance(line, str) and not line.startswith("no diagnosis"), line
+    if right:
+        assert line.startswith("the forward pass agrees with the oracle"), line
+
+
+def test_diagnose_says_per_config_what_stopped_it():
+    # the worker's errors, the subject's, and answers that are no mapping: a line per config
+    class Died(Exception):
+        pass
+
+    answers = iter([Died("worker exited with status 1"), [1, 2], {"state_dict": None}])
+
+    def call(probe, **inputs):
+        if probe == "parameter_layout":
+            return probes.PROBES[probe](variant(), **inputs)
+        reply = next(answers)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    found = diagnosis.diagnose(call)
+    assert list(found.values()) == [
+        "no diagnosis: Died: worker exited with status 1",
+        "no diagnosis: TypeError: module_outputs gave a list, not a mapping",
+        "cannot compare: post-LN, untied: the model's parameters could not be read back",
+    ], found
