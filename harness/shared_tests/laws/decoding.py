@@ -35,17 +35,28 @@ from harness.shared_tests.verdicts import (
     tolerance,
 )
 
+# More rows than CPython caches as small integers (-5..256): two equal sizes compared with `is
+# not` (identity, not value) differ from 257 rows on, so a batch this large reaches that slip.
+MANY_ROWS = 264
+
+
+def many_rows(rows: np.ndarray) -> np.ndarray:
+    """MANY_ROWS rows: `rows` repeated."""
+    return np.tile(rows, (-(-MANY_ROWS // len(rows)),) + (1,) * (rows.ndim - 1))[:MANY_ROWS]
+
 
 @law(
     "test_decode_step_equals_forward",
-    "step-by-step decoding equals the full forward pass; a state is never mutated",
+    "step-by-step decoding equals the full forward pass at any batch size; a state is never "
+    "mutated; y_prev of fewer rows than the state raises ValueError",
     timeout=20.0,
     points=8,
     values=True,
 )
 def check_decode_step_equals_forward(call: Call) -> None:
     # decode_step from init_state, position by position, gives decode's logits at each position,
-    # and stepping again from an earlier state gives the same logits (the state is not mutated).
+    # and stepping again from an earlier state gives the same logits (the state is not mutated);
+    # so too for MANY_ROWS rows of a tiny model; y_prev with fewer rows than the state raises.
     rng = np.random.default_rng(5)
     for cfg, weights in zip((POST, PRE), pushed_weights(call, [POST, PRE], "steps"), strict=True):
         b = batch(rng, cfg, src_lens=[6, 4, 2], tgt_lens=[6, 6, 6])
@@ -62,6 +73,55 @@ def check_decode_step_equals_forward(call: Call) -> None:
                 r["steps"][:, int(t)],
                 tol,
                 axes=("row", "token"),
+            )
+    cfg = config(n_enc=1, n_dec=1, d_model=8, n_heads=2, d_ff=16, max_len=8)
+    b = batch(rng, cfg, src_lens=[5, 3, 4], tgt_lens=[4, 4, 4])
+    weights = pushed_weights(call, [cfg], "steps, many rows")[0]
+    r = call(
+        "decode_steps",
+        cfg=cfg,
+        weights=weights,
+        **{k: many_rows(b[k]) for k in ("src", "src_mask", "tgt_in")},
+    )
+    assert_holds(f"{MANY_ROWS} rows", r["state_dict"], weights)
+    assert_close(
+        f"{MANY_ROWS} rows: decode_step logits vs decode",
+        r["steps"],
+        r["full"],
+        tolerance(r["dtype"], "reorder"),
+    )
+    check_y_prev_rows(call, cfg, weights, b)
+
+
+def check_y_prev_rows(call: Call, cfg: dict, weights: dict, b: dict) -> None:
+    """decode_step given y_prev with fewer rows than its state raises ValueError (CONTRACT.md:
+    y_prev not [B] for the state's B), where it raises ValueError for more rows: a check that
+    compares the sizes one way only. A decode_step that checks neither is test_validation's
+    charge (more rows), not charged again here."""
+    B = len(b["src"])
+    got = call(
+        "decode_step_rows",
+        cfg=cfg,
+        weights=weights,
+        src=b["src"],
+        src_mask=b["src_mask"],
+        bos=BOS,
+        rows=[B + 1, B - 1, 1],
+    )
+
+    def raised_value_error(n: int) -> bool:
+        return "ValueError" in got[str(n)].get("bases", [])
+
+    if not raised_value_error(B + 1):
+        return
+    for n in (B - 1, 1):
+        if not raised_value_error(n):
+            r = got[str(n)]
+            did = f"raised {r['type']}" if "type" in r else f"returned logits {tuple(r['shape'])}"
+            raise Failure(
+                f"decode_step given y_prev of {n} rows for a state of {B} rows {did}; expected "
+                f"ValueError (y_prev not [B] for the state's B), as it raises for {B + 1} rows: "
+                "the rows are compared one way only"
             )
 
 
@@ -227,8 +287,8 @@ def forward_first(r: dict, params: Any, src: np.ndarray, paths: dict[str, np.nda
 
 @law(
     "test_translate_is_greedy_with_beam_one_and_drops_eos",
-    "beam 1 equals an argmax loop; no eos; no gradients; mode restored; save/load gives the same "
-    "logits",
+    "beam 1 equals an argmax loop, for any number of rows; no eos; no gradients; mode restored; "
+    "save/load gives the same logits",
     timeout=30.0,
     points=6,
 )
@@ -268,6 +328,7 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
     if r["grad_during"]:
         raise Failure("translate ran the model's modules with gradients enabled (no_grad expected)")
     check_round_trip("the search's model (1+1 layers, untied)", r)
+    check_many_rows_translated(call, cfg, weights, src, eos, want, margins)
     deeper = [config(norm="post"), config(norm="pre", tie_embeddings=False, tgt_vocab=11)]
     cases = [
         {"cfg": c, "weights": w}
@@ -278,6 +339,21 @@ def check_translate_is_greedy_with_beam_one_and_drops_eos(call: Call) -> None:
     ):
         layers = f"{c['n_enc']}+{c['n_dec']} layers"
         check_round_trip(f"{c['norm']}-LN, {layers}, tie {tying(c)}", result)
+
+
+def check_many_rows_translated(
+    call: Call, cfg: dict, weights: dict, src: np.ndarray, eos: int, want: list, margins: list
+) -> None:
+    """translate of MANY_ROWS rows (src repeated; 2 steps, to stay cheap) gives each row the
+    argmax loop's first two tokens."""
+    r = translated(call, cfg, weights, many_rows(src), eos, 2, [[1, 1.0]], False)
+    for row, got in enumerate(r["outputs"][0]):
+        w, m = want[row % len(src)][:2], margins[row % len(src)]
+        if m > tolerance("float64", "logits") * 10 and got != w:
+            raise Failure(
+                f"translate of {MANY_ROWS} rows (the test's {len(src)} repeated), max_len 2, "
+                f"row {row}: beam_size=1 gave {got}, the argmax loop gives {w}"
+            )
 
 
 def check_round_trip(label: str, r: dict) -> None:

@@ -58,6 +58,30 @@ def decode_steps(module, cfg, src, src_mask, tgt_in, weights=None, seed=0) -> di
 
 
 @probe
+def decode_step_rows(module, cfg, weights, src, src_mask, bos, rows) -> dict[str, Any]:
+    """decode_step from init_state of src's B rows, with y_prev (bos) of each count in `rows`:
+    what it raised (its type and bases), or the shape of the logits it returned."""
+    model, _ = build(module, cfg, weights=weights)
+    src, src_mask = tensor_of(src), tensor_of(src_mask)
+    found: dict[str, Any] = {}
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        for n in rows:
+            try:
+                logits, _ = model.decode_step(
+                    torch.full((n,), bos), memory, model.init_state(src_mask)
+                )
+            except Exception as e:  # the subject's answer to a bad input: data for the parent
+                found[str(n)] = {
+                    "type": type(e).__name__,
+                    "bases": [c.__name__ for c in type(e).__mro__],
+                }
+            else:
+                found[str(n)] = {"shape": list(getattr(logits, "shape", ()))}
+    return found
+
+
+@probe
 def translations(
     module, cfg, weights, src, bos, eos, pad_id, max_len, settings, train_mode, paths=None
 ):

@@ -1,0 +1,57 @@
+"""The decoding laws reach the contract's clauses a generic mutant of impl showed unreached:
+decode_step given y_prev with fewer rows than its state, and batches of more than 256 rows
+through decode_step and translate (a size compared with `is not` holds for CPython's cached
+small integers only). Each mutant is impl with the slip written in, loaded in this process
+(trusted code) and judged through the probes a grader's worker runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.isolation.child import probes
+from harness.isolation.child.load import from_source
+from harness.shared_tests.laws import BY_NAME
+from harness.shared_tests.record import Failure
+from harness.subjects import module_source
+
+SOURCE = module_source("impl.transformer")[1]
+STEP = "test_decode_step_equals_forward"
+TRANSLATE = "test_translate_is_greedy_with_beam_one_and_drops_eos"
+VALIDATION = "test_validation"
+ROWS_CHECK = "if y_prev.dim() != 1 or y_prev.size(0) != state.src_mask.size(0):"
+
+
+def mutant(old: str, new: str):
+    assert SOURCE.count(old) == 1, old
+    return from_source(SOURCE.replace(old, new), "<impl mutant>", name="xfmr_decoding_mutant")
+
+
+def check(test: str, module) -> None:
+    BY_NAME[test].check(lambda probe, **inputs: probes.PROBES[probe](module, **inputs))
+
+
+def test_impl_passes_the_decoding_laws_at_every_batch_size():
+    module = from_source(SOURCE, "<impl>", name="xfmr_decoding_impl")
+    check(STEP, module)
+    check(TRANSLATE, module)
+
+
+def test_y_prev_checked_one_way_only_is_charged_once():
+    # `>` for `!=`: more rows raise ValueError (test_validation holds), fewer pass silently
+    module = mutant(ROWS_CHECK, ROWS_CHECK.replace("!= state", "> state"))
+    with pytest.raises(Failure, match="y_prev of 2 rows for a state of 3 rows"):
+        check(STEP, module)
+    check(VALIDATION, module)
+
+
+def test_sizes_compared_by_identity_fail_past_256_rows():
+    # `is not` for `!=` between two sizes: equal ints are one object only up to 256
+    module = mutant(ROWS_CHECK, ROWS_CHECK.replace("!= state", "is not state"))
+    with pytest.raises(ValueError, match="y_prev must be \\[B\\] with B=264"):
+        check(STEP, module)  # in a worker: "the subject raised ValueError" (killed)
+    old = "    src = src.to(next(model.parameters()).device)\n"
+    module = mutant(
+        old, old + "    if src.size(0) is not len(src):\n        raise ValueError('rows lost')\n"
+    )
+    with pytest.raises(ValueError, match="rows lost"):
+        check(TRANSLATE, module)
