@@ -139,6 +139,23 @@ def read_params(state: dict[str, np.ndarray], cfg: dict, what: str = "state_dict
     return params
 
 
+def gradient_params(r: dict[str, Any], cfg: dict, what: str) -> Any:
+    """The oracle's Params of a probe's gradients: keyed by the state_dict's names where an
+    entry is the parameter (r["grads"]), else by named_parameters name (r["by_parameter"],
+    e.g. torch's stack names when the state_dict's entries are copies); read_params's "not
+    judged" when neither can be read."""
+    try:
+        return read_params(r["grads"], cfg, what)
+    except Failure as failure:
+        first = failure
+    if isinstance(r.get("by_parameter"), dict):
+        try:
+            return read_params(r["by_parameter"], cfg, what)
+        except Failure:
+            pass
+    raise first
+
+
 def table_params(state: dict[str, np.ndarray], cfg: dict, what: str = "state_dict") -> Any:
     """The oracle's Params for a test that reads only the embedding tables (and the output
     layer): `read_params` when the whole state_dict can be read; else, when the tables can be

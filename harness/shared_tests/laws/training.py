@@ -235,7 +235,11 @@ def check_first_update(got: Any, first: dict, cfg: dict, recipe: dict) -> None:
     ulp = np.finfo(np.float64 if got["dtype"] == "float64" else np.float32).eps
     params0, copies = learning_params(first["weights"], cfg, "the weights loaded before fit")
     after, _ = learning_params(got["after"], cfg, "the weights after fit's first update")
-    grads, _ = learning_params(got["grads"], cfg, "the gradients of fit's first batch")
+    what = "the gradients of fit's first batch"
+    try:
+        grads, _ = learning_params(got["grads"], cfg, what)
+    except Failure:  # the state_dict's entries copies of some parameters: their own names
+        grads, _ = learning_params(got.get("grads_by_parameter") or got["grads"], cfg, what)
     rate = recipe["lr"]
     if rate is None:
         rate = oracle.noam_rate(0, cfg["d_model"], recipe["warmup"], recipe["factor"])

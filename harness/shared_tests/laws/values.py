@@ -26,6 +26,7 @@ from harness.shared_tests.verdicts import (
     assert_close,
     assert_holds,
     errors,
+    gradient_params,
     listing,
     read_params,
     table_params,
@@ -53,7 +54,7 @@ def golden_comparisons(call: Call, dtype: str | None = None) -> Iterator[tuple]:
             params, b["src"], b["tgt_in"], b["tgt_out"], b["src_mask"], b["tgt_mask"], 0.1, PAD
         )
         yield r["dtype"], f"{name}: smoothed loss", "loss", r["loss"], loss, None, ()
-        got = read_params(r["grads"], cfg, "the gradients").arrays
+        got = gradient_params(r, cfg, "the gradients").arrays
         want = getattr(grads, "arrays", grads)
         one_tensor = {n: group for group in r.get("shared", []) for n in group}
         for key in sorted(want):

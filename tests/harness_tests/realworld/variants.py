@@ -558,10 +558,12 @@ def layer_step(''',
             "failing": [GOLDEN],
             "dependent": [],
             "diagnosis": ["encoder.0.norm1"],
-            "absent": ["not judged"],
+            "absent": ["must pass first"],
             "notes": "only the golden pre-LN configuration (ln_eps 1e-3) sees it. The module is "
             "found by what its parameters are (OpenNMT's attribute names, the contract's only in "
-            "the state_dict), so the diagnosis can name it.",
+            "the state_dict), so the diagnosis can name it. OpenNMT calls its attention as "
+            "(key, value, query), so the cross-attention's first input is the memory: the "
+            "diagnosis may say that boundary is not judged, but no test may be 'not judged'.",
         },
     },
     # --- fairseq.py: fairseq's names, time-first stacks, an incremental state ----------------
@@ -587,12 +589,15 @@ def layer_step(''',
         "state_dict to safetensors as it is: it refuses tensors that share memory",
         "expected": {
             "failing": [NAMES],
-            "dependent": [TRANSLATE],
+            "dependent": [TRANSLATE, STEP],
             "diagnosis": ["one tensor", "[layer] * n"],
             "absent": ["first divergence"],
             "notes": "as onmt-layers-shared (the names law: each name a tensor of its own); "
             "save_transformer raises for two or more layers, an outcome of the same fault that "
-            "the save/load test meets (a model the contract forbids): a dependent.",
+            "the save/load test meets (a model the contract forbids): a dependent. fairseq keys "
+            "its incremental state by attention module, so layers that are one module overwrite "
+            "each other's cached keys: decode_step departs from decode, again an outcome of the "
+            "same fault.",
         },
     },
     {

@@ -95,7 +95,9 @@ def gradients(model: torch.nn.Module) -> dict[str, Any]:
     is keeps its named_parameters name. A parameter the loss does not reach has gradient 0.
 
     {"grads": {name: array}, "no_grad": [names without a gradient], "shared": [[names that are
-    one tensor], ...] (state_dict names, each group of two or more)}."""
+    one tensor], ...] (state_dict names, each group of two or more), "by_parameter": {every
+    named_parameters name: its gradient} (the plain listing, for a reader of those names when
+    the state_dict's entries are copies of only some parameters)}."""
     views = parameter_views(model)
     state = state_tensors(model)
     grads: dict[str, np.ndarray] = {}
@@ -114,11 +116,15 @@ def gradients(model: torch.nn.Module) -> dict[str, Any]:
         if p.grad is None:
             no_grad.append(name)
         grads[name] = numpy_of(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))
+    by_parameter = {
+        name: numpy_of(p.grad) if p.grad is not None else np.zeros(tuple(p.shape))
+        for name, p in model.named_parameters()
+    }
     groups: dict[tuple, list[str]] = {}
     for key in views:
         groups.setdefault(_place(state[key]), []).append(key)
     shared = [names for names in groups.values() if len(names) > 1]
-    return {"grads": grads, "no_grad": no_grad, "shared": shared}
+    return {"grads": grads, "no_grad": no_grad, "shared": shared, "by_parameter": by_parameter}
 
 
 def _smoke_inputs(cfg: dict[str, Any]) -> tuple[torch.Tensor, ...]:

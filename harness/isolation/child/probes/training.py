@@ -100,10 +100,11 @@ def fit_runs(module, cfg, data, steps, batch, warmup, factor, lr, fit_seed, weig
     return {"dtype": dtype, "runs": runs, "one_step": one, "max_first_update": delta}
 
 
-def own_gradient(module, model, data, smoothing) -> dict[str, np.ndarray]:
+def own_gradient(module, model, data, smoothing) -> dict[str, dict[str, np.ndarray]]:
     """The gradient of the subject's own smoothed loss of `data` (one batch, training mode) at
-    the model's weights, by state_dict name where an entry is the parameter (base.gradients;
-    a parameter the loss does not reach: 0)."""
+    the model's weights: {"grads": by state_dict name where an entry is the parameter,
+    "by_parameter": by named_parameters name} (base.gradients; a parameter the loss does not
+    reach: 0)."""
     src, tgt, pad = tensor_of(data["src"]), tensor_of(data["tgt"]), data["pad_id"]
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     model.train()
@@ -112,9 +113,9 @@ def own_gradient(module, model, data, smoothing) -> dict[str, np.ndarray]:
     )
     model.zero_grad(set_to_none=True)
     loss.backward()
-    grads = gradients(model)["grads"]
+    grads = gradients(model)
     model.zero_grad(set_to_none=True)
-    return grads
+    return {"grads": grads["grads"], "by_parameter": grads["by_parameter"]}
 
 
 class _Stop(Exception):
@@ -155,7 +156,8 @@ def learn(
         )  # fmt: skip
         first_update = {
             "dtype": one_dtype,
-            "grads": grads,
+            "grads": grads["grads"],
+            "grads_by_parameter": grads["by_parameter"],
             "after": parameters_by_name(one),
             "losses": [float(x) for x in one_losses],
         }
