@@ -324,9 +324,20 @@ def test_values_are_read_through_a_wrapper_an_output_bias_and_automatic_final_no
     ]
     assert all(np.array_equal(params.arrays[k], v) for k, v in plain.arrays.items())
     assert np.array_equal(params.spec.logits_bias, bias)
-    # what nothing forgives stays the names test's: the value tests say they cannot judge
+    # a name the contract does not have, with every name it has there: read without it
+    params, forgiven = verdicts.readable({**weights, "encoder.0.extra.weight": bias}, cfg)
+    assert forgiven == ["names the contract does not have (encoder.0.extra.weight)"]
+    assert all(np.array_equal(params.arrays[k], v) for k, v in plain.arrays.items())
+    # what nothing forgives (a name missing) stays the names test's: the value tests say they
+    # cannot judge, but a test that reads only the tables still can
+    lacking = {k: v for k, v in weights.items() if k != "encoder.0.norm1.bias"}
     with pytest.raises(Failure, match="not judged: test_parameter_names_follow_the_norm"):
-        verdicts.read_params({**weights, "encoder.0.extra.weight": bias}, cfg)
+        verdicts.read_params(lacking, cfg)
+    tables = verdicts.table_params(lacking, cfg)
+    for name in ("src_emb.weight", "tgt_emb.weight", "out.weight"):
+        assert np.array_equal(tables.arrays[name], weights[name])
+    with pytest.raises(Failure, match="not judged"):
+        verdicts.table_params({k: v for k, v in lacking.items() if k != "out.weight"}, cfg)
 
 
 def test_without_hooks_the_whole_model_hypotheses_name_the_fault():
