@@ -77,11 +77,9 @@ def check_decode_step_equals_forward(call: Call) -> None:
     cfg = config(n_enc=1, n_dec=1, d_model=8, n_heads=2, d_ff=16, max_len=8)
     b = batch(rng, cfg, src_lens=[5, 3, 4], tgt_lens=[4, 4, 4])
     weights = pushed_weights(call, [cfg], "steps, many rows")[0]
-    r = call(
-        "decode_steps",
-        cfg=cfg,
-        weights=weights,
-        **{k: many_rows(b[k]) for k in ("src", "src_mask", "tgt_in")},
+    inputs = {k: many_rows(b[k]) for k in ("src", "src_mask", "tgt_in")}
+    r = answer_of_many_rows(
+        call, "decode_steps", "decode_step", {"cfg": cfg, "weights": weights, **inputs}
     )
     assert_holds(f"{MANY_ROWS} rows", r["state_dict"], weights)
     assert_close(
@@ -91,6 +89,20 @@ def check_decode_step_equals_forward(call: Call) -> None:
         tolerance(r["dtype"], "reorder"),
     )
     check_y_prev_rows(call, cfg, weights, b)
+
+
+def answer_of_many_rows(call: Call, run: str, what: str, inputs: dict) -> dict:
+    """The probe `run` on MANY_ROWS rows; what the subject raised there is the failure, said
+    with the likely slip (the same call on a few rows passed)."""
+    r = call("raised_as_data", run=run, inputs=inputs)
+    if "raised" in r:
+        e = r["raised"]
+        raise Failure(
+            f"{what} on {MANY_ROWS} rows raised {e['type']}: {e['message']}; on a few rows it "
+            "does not. Two equal sizes compared by identity (`is not`, `is`) differ from 257 "
+            "on (CPython caches the integers -5..256 only): compare sizes with != and =="
+        )
+    return r["answer"]
 
 
 def check_y_prev_rows(call: Call, cfg: dict, weights: dict, b: dict) -> None:
@@ -346,7 +358,19 @@ def check_many_rows_translated(
 ) -> None:
     """translate of MANY_ROWS rows (src repeated; 2 steps, to stay cheap) gives each row the
     argmax loop's first two tokens."""
-    r = translated(call, cfg, weights, many_rows(src), eos, 2, [[1, 1.0]], False)
+    inputs = {
+        "cfg": cfg,
+        "weights": weights,
+        "src": many_rows(src),
+        "bos": BOS,
+        "eos": eos,
+        "pad_id": PAD,
+        "max_len": 2,
+        "settings": [[1, 1.0]],
+        "train_mode": False,
+    }
+    r = answer_of_many_rows(call, "translations", "translate", inputs)
+    assert_holds("translate's model", r["state_dict"], weights)
     for row, got in enumerate(r["outputs"][0]):
         w, m = want[row % len(src)][:2], margins[row % len(src)]
         if m > tolerance("float64", "logits") * 10 and got != w:

@@ -58,6 +58,17 @@ def decode_steps(module, cfg, src, src_mask, tgt_in, weights=None, seed=0) -> di
 
 
 @probe
+def raised_as_data(module, run, inputs) -> dict[str, Any]:
+    """The probe `run` (decode_steps or translations) on `inputs`: {"answer": its value}, or
+    what the subject raised, {"raised": {"type", "message"}}, so the parent can say why."""
+    chosen = {"decode_steps": decode_steps, "translations": translations}[run]
+    try:
+        return {"answer": chosen(module, **inputs)}
+    except Exception as e:  # the subject's error on a valid input: data for the parent
+        return {"raised": {"type": type(e).__name__, "message": str(e)[:300]}}
+
+
+@probe
 def decode_step_rows(module, cfg, weights, src, src_mask, bos, rows) -> dict[str, Any]:
     """decode_step from init_state of src's B rows, with y_prev (bos) of each count in `rows`:
     what it raised (its type and bases), or the shape of the logits it returned."""
