@@ -72,6 +72,13 @@ def unwrapped(state: dict[str, Any]) -> dict[str, Any]:
     return {k[len(prefix) :]: v for k, v in state.items()}
 
 
+# A name of the contract's vocabulary in some layout (a table, the output layer, a layer, a final
+# norm): listed where the layout has none, it is a fault of tying, depth or placement, never an
+# unrelated extra that a value test may read around.
+CONTRACT_WORD = re.compile(r"^(src_emb|tgt_emb|out|enc_norm|dec_norm|encoder\.\d+|decoder\.\d+)\.")
+TABLES = ("src_emb.weight", "tgt_emb.weight", "out.weight")
+
+
 def readable(state: dict[str, np.ndarray], cfg: dict) -> tuple[Any, list[str]]:
     """The oracle's Params of a subject's parameters, read as leniently as the values allow, and
     what had to be forgiven: the names test charges the names; a value test judges the values.
@@ -79,9 +86,10 @@ def readable(state: dict[str, np.ndarray], cfg: dict) -> tuple[Any, list[str]]:
     Forgiven: one module path above every name (a wrapper such as `transformer.`); a bias on the
     output layer, which the oracle then adds to the logits (the model's function is what it
     computes); final norms in a post-LN model, left out, so that the values tests see what they
-    change; names the contract does not have, when every name it has is there (an extra
-    parameter: if the model computes with it, the values show it). Anything else unreadable
-    (a name missing, a shape not the contract's) raises the reader's error.
+    change; names outside the contract's vocabulary (CONTRACT_WORD), when every name it has is
+    there (an extra parameter: if the model computes with it, the values show it). Anything
+    else unreadable (a name missing, a table the tying does not list, a shape not the
+    contract's) raises the reader's error.
     """
     try:
         return oracle.read_state_dict(state, cfg), []
@@ -105,7 +113,7 @@ def readable(state: dict[str, np.ndarray], cfg: dict) -> tuple[Any, list[str]]:
     try:
         params = oracle.read_state_dict(state, cfg)
     except oracle.StateDictError as e:
-        if e.missing or not e.unexpected:
+        if e.missing or not e.unexpected or any(CONTRACT_WORD.match(k) for k in e.unexpected):
             raise error from None
         for k in e.unexpected:
             state.pop(k, None)
@@ -168,9 +176,11 @@ def table_params(state: dict[str, np.ndarray], cfg: dict, what: str = "state_dic
         first = failure
     state = unwrapped(dict(state))
     shapes = contract_shapes(cfg)
-    tables = [k for k in shapes if k.endswith("emb.weight") or k == "out.weight"]
+    tables = [k for k in shapes if k in TABLES]
     if any(k not in state or tuple(np.shape(state[k])) != shapes[k] for k in tables):
         raise first
+    if any(k in state and k not in tables for k in TABLES):
+        raise first  # a table the tying does not list: whose values the layers use is unknown
     filled = {
         k: np.asarray(state[k], dtype=np.float64) if k in tables else np.zeros(shape)
         for k, shape in shapes.items()

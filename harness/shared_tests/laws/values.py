@@ -15,6 +15,7 @@ from harness.shared_tests.inputs import (
     PAD,
     batch,
     config,
+    contract_shapes,
     forward_inputs,
     golden_inputs,
     golden_weights,
@@ -23,6 +24,7 @@ from harness.shared_tests.inputs import (
 from harness.shared_tests.layout import TIME_FIRST, batch_first
 from harness.shared_tests.record import Call, Failure, law
 from harness.shared_tests.verdicts import (
+    TABLES,
     assert_close,
     assert_holds,
     errors,
@@ -31,6 +33,7 @@ from harness.shared_tests.verdicts import (
     read_params,
     table_params,
     tolerance,
+    unwrapped,
 )
 from oracle.model import embed, output_logits
 from oracle.ops import layer_norm, log_softmax
@@ -124,6 +127,13 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
     b = batch(rng, cfg, src_lens=[6, 3], tgt_lens=[5, 4])
     weights = pushed_weights(call, [cfg], "embeddings")[0]
     r = call("embedding_stream", cfg=cfg, weights=weights, **forward_inputs(b))
+    listed = sorted(set(unwrapped(weights)) & set(TABLES) - set(contract_shapes(cfg)))
+    if listed:
+        raise Failure(
+            f"tie_embeddings with one vocabulary: the state_dict lists {listing(listed)}, a table "
+            "of its own; tied, the source table is also the target table and the output layer, "
+            "one tensor listed once as src_emb.weight"
+        )
     params = table_params(weights, cfg)  # the tables are all x0 needs
     assert_holds("the embeddings test's model", r["state_dict"], weights)
     tol = tolerance(r["dtype"], "logits")

@@ -517,6 +517,38 @@ def layer_step(''',
         },
     },
     {
+        "id": "onmt-layers-shared-saved-as-is",
+        "base": "onmt.py",
+        "patch": [
+            [
+                "nn.ModuleList([TransformerEncoderLayer(cfg) for _ in range(cfg.n_enc)])",
+                "nn.ModuleList([TransformerEncoderLayer(cfg)] * cfg.n_enc)  # FAULT: one layer",
+            ],
+            [
+                "[TransformerDecoderLayer(cfg) for _ in range(cfg.n_dec)]",
+                "[TransformerDecoderLayer(cfg)] * cfg.n_dec",
+            ],
+            [
+                "    tensors = {k: v.detach().clone().contiguous() for k, v in "
+                "model.state_dict().items()}\n",
+                "    tensors = model.state_dict()\n",
+            ],
+        ],
+        "fault": "nn.ModuleList([layer] * n) in both stacks, and save_transformer hands the "
+        "state_dict to safetensors as it is: it refuses tensors that share memory",
+        "expected": {
+            "failing": [NAMES],
+            "dependent": [TRANSLATE],
+            "diagnosis": ["one tensor", "[layer] * n"],
+            "absent": ["first divergence"],
+            "notes": "as onmt-layers-shared (the names law: each name a tensor of its own); "
+            "save_transformer raises for two or more layers, an outcome of the same fault that "
+            "the save/load test meets (a model the contract forbids): a dependent. (A fairseq "
+            "style keyed its incremental state by attention module, so one module for every "
+            "layer also broke decode_step there: this base keeps a cache per layer index.)",
+        },
+    },
+    {
         "id": "onmt-load-drops-norm",
         "base": "onmt.py",
         "patch": [
@@ -567,39 +599,6 @@ def layer_step(''',
         },
     },
     # --- fairseq.py: fairseq's names, time-first stacks, an incremental state ----------------
-    {
-        "id": "fairseq-layers-shared",
-        "base": "fairseq.py",
-        "patch": [
-            [
-                "nn.ModuleList([TransformerEncoderLayer(cfg) for _ in range(cfg.n_enc)])",
-                "nn.ModuleList([TransformerEncoderLayer(cfg)] * cfg.n_enc)  # FAULT: one layer",
-            ],
-            [
-                "nn.ModuleList([TransformerDecoderLayer(cfg) for _ in range(cfg.n_dec)])",
-                "nn.ModuleList([TransformerDecoderLayer(cfg)] * cfg.n_dec)",
-            ],
-            [
-                "    tensors = {k: v.detach().clone().contiguous() for k, v in "
-                "model.state_dict().items()}\n",
-                "    tensors = model.state_dict()\n",
-            ],
-        ],
-        "fault": "nn.ModuleList([layer] * n) in both stacks, and save_transformer hands the "
-        "state_dict to safetensors as it is: it refuses tensors that share memory",
-        "expected": {
-            "failing": [NAMES],
-            "dependent": [TRANSLATE, STEP],
-            "diagnosis": ["one tensor", "[layer] * n"],
-            "absent": ["first divergence"],
-            "notes": "as onmt-layers-shared (the names law: each name a tensor of its own); "
-            "save_transformer raises for two or more layers, an outcome of the same fault that "
-            "the save/load test meets (a model the contract forbids): a dependent. fairseq keys "
-            "its incremental state by attention module, so layers that are one module overwrite "
-            "each other's cached keys: decode_step departs from decode, again an outcome of the "
-            "same fault.",
-        },
-    },
     {
         "id": "fairseq-no-sqrt-d",
         "base": "fairseq.py",
@@ -681,6 +680,179 @@ def layer_step(''',
             "other test of eval-mode values sees random logits and cannot judge its own law; a "
             "grader that charges them all (today's) over-charges by ~60 points. Training (fit, "
             "learning) is unaffected.",
+        },
+    },
+]
+
+# --- the diagnosis on time-first stacks, a final norm missing, decode_step's rows (issue 24) ----
+VARIANTS += [
+    {
+        "id": "fairseq-ffn-gelu",
+        "base": "fairseq.py",
+        "patch": [
+            [
+                "            x = self.final_layer_norm(x)\n"
+                "        x = self.fc2(self.activation_dropout_module(F.relu(self.fc1(x))))",
+                "            x = self.final_layer_norm(x)\n"
+                "        x = self.fc2(self.activation_dropout_module(\n"
+                "            F.gelu(self.fc1(x))))  # FAULT: gelu",
+            ],
+        ],
+        "fault": "the encoder layers' feed-forward activation is gelu, not relu, inside "
+        "fairseq's time-first ([T, B, C]) stack",
+        "expected": {
+            "failing": [GOLDEN],
+            "dependent": [TRANSLATE, BEAM],
+            "diagnosis": ["encoder.0.linear2", "gelu", "time-first"],
+            "absent": ["no diagnosis", "broadcast", "first divergence: x0", "not judged: shape"],
+            "notes": "every hooked value inside the stacks is [T, B, C]; judged in the contract's "
+            "layout, the first departure is encoder.0.linear2 (fc2), its input gelu(fc1(x)). "
+            "Before issue 24 the diagnosis met the oracle's [B, ...] masks with a [T, B, C] "
+            "value and crashed with a broadcast error. The decoding tests compare with the "
+            "oracle's search: dependents.",
+        },
+    },
+    {
+        "id": "fairseq-no-enc-norm",
+        "base": "fairseq.py",
+        "patch": [
+            [
+                "        if self.layer_norm is not None:\n"
+                "            x = self.layer_norm(x)\n"
+                "        return x  # T x B x C",
+                "        return x  # T x B x C  (FAULT: the final layer_norm never runs)",
+            ],
+        ],
+        "fault": "pre-LN: the encoder's final layer_norm (enc_norm) exists but is never applied: "
+        "the decoder reads the last encoder layer's un-normalised output",
+        "expected": {
+            "failing": [GOLDEN],
+            "dependent": [BEAM],
+            "diagnosis": [
+                "decoder.0.cross_attn",
+                "enc_norm is never applied: the decoder reads the encoder's last layer "
+                "un-normalised",
+            ],
+            "absent": ["first divergence: logits", "no diagnosis"],
+            "notes": "only the golden pre-LN configuration sees it; every module computes the "
+            "contract's function of its own input, and the memory the decoder reads is the last "
+            "layer's output, not enc_norm's of it: the first reader, decoder.0.cross_attn, is the "
+            "place (issue 24 saw 'first divergence: logits'). encode's output is not a contract "
+            "boundary of the embeddings test (it reads encoder.0's input). The beam test decodes "
+            "a pre-LN model against the oracle: a dependent.",
+        },
+    },
+    {
+        "id": "annotated-no-dec-norm",
+        "base": "annotated.py",
+        "patch": [
+            [
+                "    def generate(self, x):\n"
+                '        if self.cfg.norm == "pre":\n'
+                "            x = self.dec_norm(x)\n",
+                "    def generate(self, x):  # FAULT: dec_norm is never applied\n",
+            ],
+        ],
+        "fault": "pre-LN: the decoder's final norm (dec_norm) exists but is never applied: the "
+        "output layer reads the last decoder layer's un-normalised output",
+        "expected": {
+            "failing": [GOLDEN],
+            "dependent": [BEAM],
+            "diagnosis": [
+                "first divergence: logits",
+                "dec_norm is never applied: the output layer reads the decoder's last layer "
+                "un-normalised",
+            ],
+            "absent": ["no diagnosis", "first divergence: decoder", "first divergence: encoder"],
+            "notes": "only the golden pre-LN configuration sees it. Its output layer is the tied "
+            "target table (F.linear, no module): the logits are the first reader, judged from "
+            "the last decoder layer's hooked output. The beam test is pre-LN: a dependent.",
+        },
+    },
+    {
+        "id": "functional-no-enc-norm",
+        "base": "functional.py",
+        "patch": [
+            [
+                '        if self.cfg.norm == "pre":\n'
+                "            x = layer_norm(self.enc_norm, x, self.cfg.ln_eps)\n"
+                "        return x",
+                "        return x  # FAULT: the pre-LN encoder's enc_norm is never applied",
+            ],
+        ],
+        "fault": "pre-LN: enc_norm is never applied, in a style whose modules are never called "
+        "(nothing hooked)",
+        "expected": {
+            "failing": [GOLDEN],
+            "dependent": [BEAM],
+            "diagnosis": [
+                "enc_norm is never applied: the decoder reads the encoder's last layer "
+                "un-normalised",
+                "decoder.0.cross_attn",
+            ],
+            "absent": ["no diagnosis"],
+            "notes": "as fairseq-no-enc-norm, without hooks: the whole-model hypothesis names the "
+            "cause and its first reader.",
+        },
+    },
+    {
+        "id": "annotated-y-prev-one-way",
+        "base": "annotated.py",
+        "patch": [
+            [
+                "if y_prev.dim() != 1 or y_prev.size(0) != state.src_mask.size(0):",
+                "if y_prev.dim() != 1 or y_prev.size(0) > state.src_mask.size(0):  # FAULT",
+            ],
+        ],
+        "fault": "decode_step checks y_prev's rows one way only: more rows than the state raise "
+        "ValueError, fewer go on (and fail, or broadcast, further in)",
+        "expected": {
+            "failing": [STEP],
+            "dependent": [],
+            "diagnosis": ["fewer rows", "compared one way only"],
+            "notes": "CONTRACT.md: y_prev not [B] for the state's B raises ValueError; the "
+            "validation test tries more rows only, the decode_step test fewer (a decode_step "
+            "that checks neither is the validation test's charge alone).",
+        },
+    },
+    {
+        "id": "annotated-rows-by-identity",
+        "base": "annotated.py",
+        "patch": [
+            [
+                "if y_prev.dim() != 1 or y_prev.size(0) != state.src_mask.size(0):",
+                "if y_prev.dim() != 1 or y_prev.size(0) is not state.src_mask.size(0):  # FAULT",
+            ],
+        ],
+        "fault": "decode_step compares the sizes with `is not`: equal sizes are one object only "
+        "up to 256 (CPython's small integers), so 257 rows or more raise ValueError",
+        "expected": {
+            "failing": [STEP],
+            "dependent": [],
+            "diagnosis": ["264 rows", "!="],
+            "notes": "every decoding test but the decode_step test's many-rows case uses at most "
+            "a few rows (translate searches row by row here).",
+        },
+    },
+    {
+        "id": "annotated-translate-rows-by-identity",
+        "base": "annotated.py",
+        "patch": [
+            [
+                "        memory = model.encode(src, src_mask)\n        result = [",
+                "        memory = model.encode(src, src_mask)\n"
+                "        if memory.size(0) is not src.size(0):  # FAULT: identity, not equality\n"
+                '            raise ValueError("the encoder lost rows")\n'
+                "        result = [",
+            ],
+        ],
+        "fault": "translate checks that every row was encoded with `is not`: 257 rows or more "
+        "raise ValueError",
+        "expected": {
+            "failing": [TRANSLATE],
+            "dependent": [],
+            "diagnosis": ["translate on 264 rows", "!="],
+            "notes": "decode_step is right; only translate with more than 256 rows meets it.",
         },
     },
 ]
