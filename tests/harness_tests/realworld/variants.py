@@ -784,7 +784,7 @@ VARIANTS += [
         "(nothing hooked)",
         "expected": {
             "failing": [GOLDEN],
-            "dependent": [BEAM],
+            "dependent": [BEAM, EMBEDDINGS],
             "diagnosis": [
                 "enc_norm is never applied: the decoder reads the encoder's last layer "
                 "un-normalised",
@@ -792,7 +792,11 @@ VARIANTS += [
             ],
             "absent": ["no diagnosis"],
             "notes": "as fairseq-no-enc-norm, without hooks: the whole-model hypothesis names the "
-            "cause and its first reader.",
+            "cause and its first reader. With no module called, the embeddings test reads x0 "
+            "only through encode of a model whose sublayers output 0, enc_norm(x0), so the "
+            "missing enc_norm reaches it too: a dependency of its method, said here as one; "
+            "when written it fails with a value message, not 'not judged' (values.py's to "
+            "settle).",
         },
     },
     {
@@ -809,7 +813,7 @@ VARIANTS += [
         "expected": {
             "failing": [STEP],
             "dependent": [],
-            "diagnosis": ["fewer rows", "compared one way only"],
+            "diagnosis": ["y_prev of 2 rows for a state of 3 rows", "compared one way only"],
             "notes": "CONTRACT.md: y_prev not [B] for the state's B raises ValueError; the "
             "validation test tries more rows only, the decode_step test fewer (a decode_step "
             "that checks neither is the validation test's charge alone).",
