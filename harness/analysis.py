@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from harness.engine import SuiteRun
 from harness.outcomes import Outcome, mutant_outcome
+from harness.records import SuiteRun
 from harness.subjects import Kind
 from mutants import catalog
 

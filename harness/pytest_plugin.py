@@ -275,11 +275,13 @@ class SharedTest(pytest.Item):
         self.user_properties.append(("law", test.law))
 
     def runtest(self) -> None:
+        from harness.outcomes import Outcome
+
         result = self.config.stash[_ACTIVE].run(self.test)
         self.user_properties.append(("score", f"{result.score:g}/{result.max_score:g}"))
         if result.passed:
             return
-        if result.outcome == "not applicable":
+        if result.outcome is Outcome.NOT_APPLICABLE:
             pytest.skip(result.message)
         raise SharedTestFailed(result.message)
 

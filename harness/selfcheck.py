@@ -1,7 +1,7 @@
 """`xfmr check`: a student's self-check, on their own code and their own machine.
 
 `xfmr check transformer.py` runs the shared tests as `xfmr grade` does: the same engine
-(harness.engine.run_subject), the same workers, probes and checks, the same messages, the same
+(harness.engine.run.run_subject), the same workers, probes and checks, the same messages, the same
 forward-pass diagnosis and the same text. `xfmr check --suite tests/` scores the student's own
 pytest suite by the pitfall mutants it kills, as `xfmr mutation-score` does, with its report.
 
@@ -32,8 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from harness import work
-from harness.engine import Cell, Launch, run_subject, run_test
+from harness.engine import work
+from harness.engine.run import Launch, run_subject, run_test
 from harness.isolation.local import confinement, local, workspace
 from harness.isolation.sandbox import UnsafeInput, staged
 from harness.isolation.worker import (
@@ -48,6 +48,8 @@ from harness.jobs import grade as grading
 from harness.jobs import mutation_score as scoring
 from harness.options import positive, usage_error
 from harness.outcomes import Outcome
+from harness.records import Cell, Grade, TestResult
+from harness.reports import grade as grade_report
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.laws import SHARED_TESTS
 from harness.shared_tests.record import Test
@@ -80,7 +82,7 @@ def launching(
 
 def check(
     path: str | Path, tests: Sequence[Test] = SHARED_TESTS, time_limit: float | None = None
-) -> grading.Grade:
+) -> Grade:
     """`tests` on the student's code at `path` (a .py file, a package, or a folder holding
     transformer.py), judged as grade.grade judges a submission: the same rejections, cells,
     messages and diagnosis; only the workers are plain subprocesses (SELF_CHECK)."""
@@ -91,19 +93,15 @@ def check(
     load_timeout = time_limit if time_limit is not None else LOAD_TIMEOUT
     shown, path = path, grading.submitted(path)
 
-    def failing(reason: str) -> list[grading.TestResult]:
-        error = Outcome.ERROR.value
-        return [
-            grading.TestResult(t.name, t.law, error, 0.0, t.points, reason, 0.0, t.visibility)
-            for t in tests
-        ]
+    def failing(reason: str) -> list[TestResult]:
+        return grading.not_judged(tests, reason)
 
     def seconds() -> float:
         return time.monotonic() - start
 
     folder = grading.folder_of(shown, path)  # a student's folder: every file in it is theirs
     if rejected := grading.rejection(path, folder):
-        return grading.Grade(str(shown), failing(rejected), rejected, {}, seconds(), SELF_CHECK)
+        return Grade(str(shown), failing(rejected), rejected, {}, seconds(), SELF_CHECK)
     try:
         with launching(path, load_timeout, folder) as launch:
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
@@ -113,32 +111,16 @@ def check(
             found = grading._diagnose(launch) if failed else {}
     except Exception as e:  # the checker's own failure: said, never raised
         reason = f"grader error while checking this code: {type(e).__name__}: {e}"
-        g = grading.Grade(str(shown), failing(reason), "", {}, seconds(), SELF_CHECK)
+        g = Grade(str(shown), failing(reason), "", {}, seconds(), SELF_CHECK)
         g.error = traceback.format_exc()
         return g
-    results = _results(tests, cells, found)
-    return grading.Grade(
-        str(shown), results, "", found, seconds(), SELF_CHECK, start_seconds=starts
-    )
+    results = grading.results_of(tests, cells, found)
+    return Grade(str(shown), results, "", found, seconds(), SELF_CHECK, start_seconds=starts)
 
 
-def _results(
-    tests: Sequence[Test], cells: dict[str, Cell], found: dict[str, str]
-) -> list[grading.TestResult]:
-    """Each test's line, the diagnosis said once under the first failed value test (as a grade
-    says it)."""
-    results: list[grading.TestResult] = []
-    told = ""
-    for t in tests:
-        results.append(grading._result(t, cells[t.name], found, told))
-        if t.values and found and not results[-1].passed and not told:
-            told = t.name
-    return results
-
-
-def text(g: grading.Grade) -> str:
+def text(g: Grade) -> str:
     """A grade's text, headed as the self-check it is."""
-    lines = grading.text(g).splitlines()
+    lines = grade_report.text(g).splitlines()
     lines[0] = f"Self-check of {printable(g.submission)} (not a grade)"
     return "\n".join(lines)
 
@@ -159,10 +141,10 @@ class Runner:
         self.load_failure: Cell | None = None
         self.found: dict[str, str] = {}
         self.told = ""  # the value test whose message carries the diagnosis
-        self.results: dict[str, grading.TestResult] = {}
+        self.results: dict[str, TestResult] = {}
         self.starts: list[float] = []
 
-    def run(self, test: Test) -> grading.TestResult:
+    def run(self, test: Test) -> TestResult:
         if self.rejected:
             cell = Cell(Outcome.ERROR, self.rejected)
         else:
@@ -354,7 +336,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(text(g), flush=True)
         if g.error:
             print(f"xfmr check: checker error (exit 3):\n{g.error}", file=sys.stderr)
-        written = write_all("check", [(args.json, lambda: grading.to_json(g))])
+        written = write_all("check", [(args.json, lambda: grade_report.to_json(g))])
         statuses.append(3 if g.error else 2 if not written else 0 if g.passed else 1)
     if args.suite:
         if args.submission:

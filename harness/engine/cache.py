@@ -1,6 +1,7 @@
 """The incremental cell cache: a cell is re-run only when something that decides it changed.
 
-A cell's key is a content hash (harness.fingerprint) of everything that determines its outcome:
+A cell's key is a content hash (harness.engine.fingerprint) of everything that determines its
+outcome:
 
 - the subject's source as its worker loads it (a mutant's: impl's source with its patch applied,
   so a one-line change of one mutant's patch changes that mutant's row only);
@@ -34,18 +35,19 @@ import statistics
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
 
-from harness import fingerprint
-from harness.coverage import run_inferring
-from harness.engine import Cell, Progress, SuiteRun
+from harness.engine import fingerprint
+from harness.engine.coverage import run_inferring
+from harness.engine.run import Progress
+from harness.engine.work import Executor
 from harness.outcomes import Outcome
+from harness.records import Cell, SuiteRun
 from harness.shared_tests.record import Test
 from harness.subjects import Subject
-from harness.work import Executor
 
 FORMAT = 1
 # Outcomes worth keeping: the subject's verdict, not the machine's weather.
@@ -61,7 +63,8 @@ SHARED = (
     "harness/isolation/worker.py",
     "harness/isolation/forkserver.py",
     "harness/wire.py",
-    "harness/engine.py",
+    "harness/engine/run.py",
+    "harness/records.py",
     "harness/outcomes.py",
     "harness/subjects.py",
 )
@@ -193,9 +196,9 @@ def incremental_suite(
     infer: bool = True,
 ) -> tuple[SuiteRun, Reuse]:
     """The suite's run, taking from `store` every cell whose key it holds, running only the rest
-    (harness.coverage.run_inferring: with `infer`, a mutant's cell that impl's coverage shows the
-    test cannot reach is impl's, not run), and storing what ran. The run holds every cell either
-    way (a --check sees them all).
+    (harness.engine.coverage.run_inferring: with `infer`, a mutant's cell that impl's coverage
+    shows the test cannot reach is impl's, not run), and storing what ran. The run holds every
+    cell either way (a --check sees them all).
 
     When fewer rows have cells to run than the executor runs units at once, each such row is
     split into that many units (each its own worker), balanced by the tests' last measured
@@ -207,13 +210,10 @@ def incremental_suite(
     for (test, subject), key in keys.items():
         value = store.get(key)
         if value is not None:
-            covered = value.get("covered")
-            covered = None if covered is None else frozenset(map(str, covered))
-            ran = value.get("ran", True) is not False
-            cell = Cell(Outcome(value["outcome"]), value["message"], 0.0, covered, ran)
-            kept[(test, subject)] = cell
-            if ran:
-                measured.setdefault(test, []).append(float(value.get("seconds", 0.0)))
+            cell = Cell.from_json(value)
+            kept[(test, subject)] = replace(cell, seconds=0.0)  # reused: no time spent now
+            if cell.ran:
+                measured.setdefault(test, []).append(cell.seconds)
     weight = {
         t.name: statistics.median(measured[t.name]) if t.name in measured else t.timeout
         for t in tests
@@ -225,11 +225,6 @@ def incremental_suite(
             continue
         ran, inferred = ran + cell.ran, inferred + (not cell.ran)
         if cell.outcome in KEPT:
-            value = {"outcome": cell.outcome.value, "message": cell.message}
-            if cell.covered is not None:
-                value["covered"] = sorted(cell.covered)
-            if not cell.ran:
-                value["ran"] = False
-            store.put(keys[cell_id], value | {"seconds": round(cell.seconds, 3)})
+            store.put(keys[cell_id], cell.to_json())
     run.wall_seconds = time.monotonic() - started
     return run, Reuse(len(kept), ran, store.damaged, inferred)

@@ -1,6 +1,6 @@
-"""The Dask executor: units of work (harness.work) run on a Dask `distributed` cluster.
+"""The Dask executor: units of work (harness.engine.work) run on a Dask `distributed` cluster.
 
-Imported only when a job is given --scheduler (harness.work.executor loads it by name), so
+Imported only when a job is given --scheduler (harness.engine.executors imports it then), so
 nothing of dask is imported otherwise; `pip install 'xfmr-oracle[dist]'` brings it.
 
 What travels to a Dask worker is a unit's plain data (source text and bytes, test names, limits)
@@ -11,7 +11,7 @@ Dask worker process. Verdicts are reached by the same trusted checks, on the wor
 oracle. Two refusals keep this honest (fail closed, the whole run stops with a clear error):
 
 - a worker whose copy of the project or of its numerical libraries differs from the client's
-  (harness.fingerprint.project) refuses every unit: it would judge by other rules;
+  (harness.engine.fingerprint.project) refuses every unit: it would judge by other rules;
 - a worker that cannot set up the sandbox refuses every unit that runs untrusted code, rather
   than run it uncaged.
 
@@ -39,8 +39,8 @@ from typing import Any
 from distributed import Client, LocalCluster, as_completed
 from distributed.scheduler import KilledWorker
 
-from harness import fingerprint
-from harness.work import ClusterProblem, Scheduler, Unit
+from harness.engine import fingerprint
+from harness.engine.work import ClusterProblem, Scheduler, Unit
 
 RETRIES = 1  # a unit whose task raised runs once more (elsewhere if the scheduler likes)
 CONNECT_TIMEOUT = "30s"

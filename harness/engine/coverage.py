@@ -30,12 +30,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from harness.engine import Cell, Progress, SuiteRun, run_suite
+from harness.engine.run import Progress, run_suite
+from harness.engine.work import Executor, LocalExecutor
 from harness.isolation import forkserver
 from harness.outcomes import Outcome
+from harness.records import Cell, SuiteRun
 from harness.shared_tests.record import Test
 from harness.subjects import Kind, Subject
-from harness.work import Executor, LocalExecutor
 
 BASELINE = "impl"  # the subject whose traced row decides what every mutant's cell can reach
 

@@ -1,8 +1,8 @@
 """Content hashes of what decides a result: source files, the library versions, a test's code.
 
-Used twice: the incremental cache (harness.cache) keys each cell by them, and a Dask worker
-(harness.cluster) refuses to run a unit when its copy of the project differs from the client's.
-Only hashlib and the standard library: nothing is imported that a hash is taken of.
+Used twice: the incremental cache (harness.engine.cache) keys each cell by them, and a Dask worker
+(harness.engine.cluster) refuses to run a unit when its copy of the project differs from the
+client's. Only hashlib and the standard library: nothing is imported that a hash is taken of.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ Running and judging are apart. Each subject is loaded in its own worker process,
 its `Launch` says (harness.isolation: a sandbox for untrusted code, the fork server for trusted
 code); the tests' checks run here, in the parent, on plain data the worker sends back. A hang
 is a timeout cell, a crash an error cell, and either way a fresh worker runs the subject's
-remaining tests. A subject's row is one unit of work (harness.work): by default subjects run in
-parallel threads, each thread driving one worker; given a Dask executor, each row runs on a Dask
+remaining tests. A subject's row is one unit of work (harness.engine.work): by default subjects run
+in parallel threads, each thread driving one worker; given a Dask executor, each row runs on a Dask
 worker (`run_row`: plain data in, plain data out, the subject forked there, judged there by
 this same trusted code).
 """
@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.engine.work import Executor, LocalExecutor, Unit
 from harness.isolation.forkserver import forked
 from harness.isolation.worker import (
     LOAD_TIMEOUT,
@@ -32,10 +33,10 @@ from harness.isolation.worker import (
     WorkerTimeout,
 )
 from harness.outcomes import Outcome
+from harness.records import Cell, SuiteRun
 from harness.shared_tests.inputs import draw_secret, set_draw_secret
 from harness.shared_tests.record import Call, Failure, Test
 from harness.subjects import Subject
-from harness.work import Executor, LocalExecutor, Unit
 
 
 @dataclass(frozen=True)
@@ -68,38 +69,6 @@ class Launch:
 def trusted(subject: Subject) -> Launch:
     """A trusted subject (impl, the torch copy, a mutant): forked from the fork server."""
     return Launch(forked, subject.payload())
-
-
-@dataclass(frozen=True)
-class Cell:
-    """One (test, subject) result."""
-
-    outcome: Outcome
-    message: str = ""
-    seconds: float = 0.0
-    # a traced row's cell: the subject's functions that loading it and this test ran
-    covered: frozenset[str] | None = None
-    ran: bool = True  # False: inferred, not run (harness.coverage)
-
-
-@dataclass
-class SuiteRun:
-    """The outcome matrix of one run: cells by (test name, subject name), plus timings."""
-
-    tests: list[Test]
-    subjects: list[Subject]
-    cells: dict[tuple[str, str], Cell] = field(default_factory=dict)
-    subject_seconds: dict[str, float] = field(default_factory=dict)
-    worker_starts: dict[str, int] = field(default_factory=dict)
-    start_seconds: dict[str, list[float]] = field(default_factory=dict)  # each worker's start-up
-    wall_seconds: float = 0.0
-
-    def cell(self, test: str, subject: str) -> Cell:
-        return self.cells[(test, subject)]
-
-    def row(self, subject: str) -> list[Outcome]:
-        """The subject's outcomes in test order."""
-        return [self.cells[(t.name, subject)].outcome for t in self.tests]
 
 
 # on_cell(subject, test, cell, cells_done, cells_total)
@@ -214,8 +183,8 @@ def run_suite(
     `jobs` subjects at once in threads here, the CPU count by default), each subject's workers
     started as `launch` says. `groups`: subject -> groups of test names, each group a unit of its
     own (default: one group of every test); a test in no group is left out of the run's cells
-    (the incremental cache and harness.coverage fill those). `traced`: the subjects whose cells
-    say what they covered (trusted subjects loaded from source)."""
+    (the incremental cache and harness.engine.coverage fill those). `traced`: the subjects whose
+    cells say what they covered (trusted subjects loaded from source)."""
     names = [t.name for t in tests]
     if len(set(names)) != len(names):
         raise ValueError(f"test names must be unique, got {names}")
@@ -321,21 +290,14 @@ def run_row(payload: dict[str, Any]) -> dict[str, Any]:
     trace = payload.get("trace") is True
     cells, starts = run_subject(subject, tests, lambda t, c: None, launch, trace)
     return {
-        "cells": {n: [c.outcome.value, c.message, c.seconds, _names(c)] for n, c in cells.items()},
+        "cells": {n: c.to_json() for n, c in cells.items()},
         "starts": starts,
         "seconds": time.monotonic() - t0,
     }
 
 
-def _names(cell: Cell) -> list[str] | None:
-    return None if cell.covered is None else sorted(cell.covered)
-
-
 def decode_row(data: dict[str, Any]) -> Row:
-    cells = {
-        n: Cell(Outcome(o), m, s, None if c is None else frozenset(c))
-        for n, (o, m, s, c) in data["cells"].items()
-    }
+    cells = {n: Cell.from_json(c) for n, c in data["cells"].items()}
     return Row(cells, list(data["starts"]), data["seconds"])
 
 

@@ -10,14 +10,14 @@ of a student's suite. Each unit can run two ways:
   machine can run it with its own copy of the project; what comes back is plain data too, which
   `decode` turns into the unit's result here.
 
-The Dask executor lives in harness.cluster and is imported only when a --scheduler is given:
-nothing of dask is imported by the default paths.
+The Dask executor lives in harness.engine.cluster; harness.engine.executors chooses between the
+two and imports it only when a --scheduler is given: nothing of dask is imported by the default
+paths.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import re
 import stat
@@ -121,20 +121,6 @@ def add_scheduler(parser: argparse.ArgumentParser) -> None:
 class ClusterProblem(RuntimeError):
     """The cluster cannot be used as asked (unreachable, a worker that cannot set up the sandbox
     or runs another version of the project): the run stops, nothing is judged."""
-
-
-def executor(where: Scheduler | None, jobs: int | None = None) -> Executor:
-    """The local executor, or (only then importing dask) a Dask one on `where`. harness.cluster
-    is loaded by name, as cli.py loads a command's module: nothing else imports it."""
-    if where is None:
-        return LocalExecutor(jobs)
-    try:
-        cluster = importlib.import_module("harness.cluster")
-    except ImportError as e:
-        raise ClusterProblem(
-            f"--scheduler needs dask.distributed ({e}): pip install 'xfmr-oracle[dist]'"
-        ) from None
-    return cluster.DaskExecutor.connect(where)
 
 
 # --- files as plain data ------------------------------------------------------------------------

@@ -18,16 +18,13 @@ import tempfile
 import threading
 import time
 import traceback
-import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from harness import work
-from harness.engine import Cell, Launch, run_subject, unjudgeable
+from harness.engine import executors, work
+from harness.engine.run import Launch, run_subject, unjudgeable
 from harness.isolation import container
 from harness.isolation.sandbox import (
     CONTAINER_TIER,
@@ -46,7 +43,6 @@ from harness.isolation.worker import (
     SubjectRaised,
     WorkerDied,
     WorkerTimeout,
-    printable,
 )
 from harness.options import (
     CONTAINER,
@@ -58,8 +54,10 @@ from harness.options import (
     usage_error,
 )
 from harness.outcomes import Outcome
+from harness.records import Cell, Grade, TestResult
 from harness.reports import grades as tables
-from harness.reports.gradescope import refusal
+from harness.reports.grade import junit, text, to_json
+from harness.reports.gradescope import gradescope, refusal
 from harness.reports.safe import to_csv
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.diagnosis import diagnose
@@ -75,50 +73,6 @@ _REASON = {
     Outcome.TIMEOUT: "timed out",
     Outcome.NOT_APPLICABLE: "not applicable",
 }
-
-
-@dataclass
-class TestResult:
-    """One shared test's verdict on a submission."""
-
-    name: str
-    law: str
-    outcome: str  # an Outcome value
-    score: float
-    max_score: float
-    message: str  # what a student can act on; empty when passed
-    seconds: float
-    visibility: str = "visible"  # Gradescope's, from the test's record
-
-    @property
-    def passed(self) -> bool:
-        return self.outcome == Outcome.PASSED.value
-
-
-@dataclass
-class Grade:
-    """A submission's grade: per-test results, the rejection if any, and the diagnosis."""
-
-    submission: str
-    tests: list[TestResult]
-    rejected: str = ""  # why the submission was refused without running, if it was
-    diagnosis: dict[str, str] = field(default_factory=dict)  # config -> first divergence
-    seconds: float = 0.0
-    isolation: str = SANDBOX  # how its workers ran: SANDBOX or UNSAFE
-    error: str = ""  # the grader's own traceback, if grading this submission broke it
-    start_seconds: list[float] = field(default_factory=list)  # each worker's start-up, loading
-
-    @property
-    def score(self) -> float:
-        return sum(t.score for t in self.tests)
-
-    @property
-    def max_score(self) -> float:
-        return sum(t.max_score for t in self.tests)
-
-    @property
-    def passed(self) -> bool:
-        return not self.rejected and all(t.passed for t in self.tests)
 
 
 def submitted(path: Path) -> Path:
@@ -204,12 +158,8 @@ def grade(
     folder = folder_of(shown, path)
     rejected = rejection(path, folder)
 
-    def failing(reason: str) -> list[TestResult]:  # nothing judged: an error of every test
-        error = Outcome.ERROR.value
-        return [
-            TestResult(t.name, t.law, error, 0.0, t.points, reason, 0.0, t.visibility)
-            for t in tests
-        ]
+    def failing(reason: str) -> list[TestResult]:
+        return not_judged(tests, reason)
 
     if rejected:  # nothing of it ran: an error of every test, not a failed law
         results = failing(rejected)
@@ -248,11 +198,7 @@ def grade(
             mode,
             error=traceback.format_exc(),
         )
-    results, told = [], ""
-    for t in tests:  # the diagnosis is said once, under the first failed value test
-        results.append(_result(t, cells[t.name], found, told))
-        if t.values and found and not results[-1].passed and not told:
-            told = t.name
+    results = results_of(tests, cells, found)
     # messages name the student's own files, not where the worker saw them
     where = f"{inside}/"
     results = [replace(r, message=r.message.replace(where, "")) for r in results]
@@ -298,6 +244,28 @@ def said_once(found: dict[str, str]) -> str:
     return "\n".join(lines)
 
 
+def not_judged(tests: Sequence[Test], reason: str) -> list[TestResult]:
+    """Every test an error with `reason`: nothing was judged (a rejection, a grader fault)."""
+    return [
+        TestResult(t.name, t.law, Outcome.ERROR, 0.0, t.points, reason, 0.0, t.visibility)
+        for t in tests
+    ]
+
+
+def results_of(
+    tests: Sequence[Test], cells: dict[str, Cell], found: dict[str, str]
+) -> list[TestResult]:
+    """Each test's line of the grade, the diagnosis said once, under the first failed value
+    test."""
+    results: list[TestResult] = []
+    told = ""
+    for t in tests:
+        results.append(_result(t, cells[t.name], found, told))
+        if t.values and found and not results[-1].passed and not told:
+            told = t.name
+    return results
+
+
 def _result(test: Test, cell: Cell, found: dict[str, str], told: str = "") -> TestResult:
     """A test's line of the grade; a failed value test carries the forward pass's diagnosis,
     or, when `told` already carries it, says where it is."""
@@ -313,134 +281,13 @@ def _result(test: Test, cell: Cell, found: dict[str, str], told: str = "") -> Te
     return TestResult(
         test.name,
         test.law,
-        cell.outcome.value,
+        cell.outcome,
         score,
         max_score,
         message,
         round(cell.seconds, 3),
         test.visibility,
     )
-
-
-# --- reports ----------------------------------------------------------------------------------
-
-
-def text(g: Grade) -> str:
-    """The readable summary: one line per test, then why each failure failed."""
-    lines = [f"Grading {printable(g.submission)}", ""]
-    if g.isolation != SANDBOX:
-        lines += [g.isolation, ""]
-    if g.rejected:
-        lines += [g.rejected, ""]
-    width = max(len(t.name) for t in g.tests)
-    for t in g.tests:
-        mark = "PASS" if t.passed else t.outcome.upper()
-        lines.append(
-            f"  {mark:<8} {t.name:<{width}}  {t.score:g}/{t.max_score:g}  {t.seconds:6.2f} s"
-        )
-    failures = [t for t in g.tests if not t.passed and not g.rejected]
-    if failures:
-        lines += ["", "Why:"]
-        for t in failures:
-            lines.append(f"  {t.name} ({t.law})")
-            lines += [f"    {line}" for line in t.message.splitlines()[:8]]
-    lines += [
-        "",
-        f"Score: {g.score:g}/{g.max_score:g} ({sum(t.passed for t in g.tests)}/{len(g.tests)} "
-        f"tests passed) in {g.seconds:.1f} s",
-    ]
-    if g.start_seconds:
-        each = ", ".join(f"{x:.1f}" for x in g.start_seconds)
-        lines.append(f"Worker start-up (process, interpreter, torch, the submission): {each} s")
-    return "\n".join(lines)
-
-
-def to_json(g: Grade) -> dict[str, Any]:
-    return {
-        "submission": g.submission,
-        "score": g.score,
-        "max_score": g.max_score,
-        "passed": g.passed,
-        "rejected": g.rejected,
-        "diagnosis": g.diagnosis,
-        "seconds": round(g.seconds, 2),
-        "isolation": g.isolation,
-        "start_seconds": [round(x, 3) for x in g.start_seconds],
-        "grader_error": g.error,
-        "tests": [asdict(t) for t in g.tests],
-    }
-
-
-STAFF_FAULT = (
-    "GRADER ERROR: the grader failed while grading this submission; this is not a verdict on "
-    "your code, and its score of 0 stands only until course staff regrade it."
-)
-
-
-def _summary(g: Grade) -> str:
-    if g.error:
-        return (
-            f"{STAFF_FAULT}\nCourse staff: the autograder's output (stdout) has the traceback; "
-            "fix the cause or report it, then regrade this submission (xfmr grade exit status 3)."
-        )
-    return g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
-
-
-def gradescope(
-    g: Grade, visibility: str = "visible", stdout_visibility: str = "hidden"
-) -> dict[str, Any]:
-    """Gradescope's results.json (score, execution_time, output, visibility,
-    stdout_visibility, tests[] each with its own visibility from the test's record): always a
-    top-level score, 0 for a rejection or a grader fault (whose output tells staff what to do)."""
-    return {
-        "score": g.score,
-        "execution_time": round(g.seconds, 2),
-        "output": _summary(g) + ("" if g.isolation != UNSAFE else f"\n{g.isolation}"),
-        "output_format": "text",
-        "visibility": visibility,
-        "stdout_visibility": stdout_visibility,
-        "tests": [
-            {
-                "name": t.name,
-                "score": t.score,
-                "max_score": t.max_score,
-                "status": "passed" if t.passed else "failed",
-                "output": t.message or t.law,
-                "output_format": "text",
-                "visibility": t.visibility,
-            }
-            for t in g.tests
-        ],
-    }
-
-
-def junit(g: Grade) -> str:
-    """JUnit XML: one testcase per shared test; crashes and timeouts as <error>."""
-    suite = ET.Element(
-        "testsuite",
-        name=printable(f"xfmr grade {Path(g.submission).name}"),
-        tests=str(len(g.tests)),
-        failures=str(sum(t.outcome == Outcome.KILLED.value for t in g.tests)),
-        errors=str(sum(t.outcome in ("error", "timeout") for t in g.tests)),
-        skipped=str(sum(t.outcome == Outcome.NOT_APPLICABLE.value for t in g.tests)),
-        time=f"{g.seconds:.3f}",
-    )
-    for t in g.tests:
-        case = ET.SubElement(
-            suite, "testcase", classname="xfmr.shared_tests", name=t.name, time=f"{t.seconds:.3f}"
-        )
-        message = printable(t.message)  # XML 1.0 forbids most control characters
-        first = (message.splitlines() or [""])[0]
-        if t.outcome == Outcome.KILLED.value:
-            ET.SubElement(case, "failure", message=first).text = message
-        elif t.outcome in ("error", "timeout"):
-            ET.SubElement(case, "error", message=first).text = message
-        elif t.outcome == Outcome.NOT_APPLICABLE.value:
-            ET.SubElement(case, "skipped")
-    root = ET.Element("testsuites")
-    root.append(suite)
-    ET.indent(root)
-    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"
 
 
 # --- xfmr grade -------------------------------------------------------------------------------
@@ -623,19 +470,15 @@ def _grade_unit(
         }
 
     def lost(why: str) -> Grade:
-        failing = [
-            TestResult(t.name, t.law, Outcome.ERROR.value, 0.0, t.points, why, 0.0, t.visibility)
-            for t in tests
-        ]
         isolation = UNSAFE if unsafe else SANDBOX
-        return Grade(str(path), failing, "", {}, 0.0, isolation, error=why)
+        return Grade(str(path), not_judged(tests, why), "", {}, 0.0, isolation, error=why)
 
     return work.Unit(
         path.name,
         lambda: grade(path, tests, limits, time_limit, unsafe),  # each worker sandboxed
         grade_shipped,
         payload,
-        grade_from_json,
+        Grade.from_json,
         lost,
         sandboxed=not unsafe,
     )
@@ -658,7 +501,7 @@ def grade_shipped(payload: dict[str, Any]) -> dict[str, Any]:
         else:
             work.unpack(payload["files"], path)
             g = grade(path, tests, limits, payload["time_limit"], payload["unsafe"])
-    data = grade_json(g)
+    data = g.to_json()
     # the folder it was graded in is this worker's: messages name the client's path instead
     here, there = f"{folder}/", "" if str(shown.parent) == "." else f"{shown.parent}/"
     return _relocated(data, here, there) | {"submission": str(shown)}
@@ -672,34 +515,6 @@ def _relocated(value: Any, here: str, there: str) -> Any:
     if isinstance(value, list):
         return [_relocated(v, here, there) for v in value]
     return value
-
-
-def grade_json(g: Grade) -> dict[str, Any]:
-    """A Grade as plain data, every field (grade_from_json reads it back)."""
-    return asdict(g)
-
-
-def grade_from_json(data: dict[str, Any]) -> Grade:
-    return Grade(**{**data, "tests": [TestResult(**t) for t in data["tests"]]})
-
-
-def graded(g: Grade) -> tables.Graded:
-    """A Grade as the batch tables read it (harness.reports.grades, shared with summarize)."""
-    lines = [tables.TestLine(t.name, t.passed, t.outcome) for t in g.tests]
-    name = Path(g.submission).name
-    return tables.Graded(name, g.score, g.max_score, g.passed, lines, g.rejected, g.error)
-
-
-def batch_table(grades: Sequence[Grade]) -> pd.DataFrame:
-    """One row per submission: score, max, passed, each test's outcome."""
-    return tables.batch_table([graded(g) for g in grades])
-
-
-def hardest(grades: Sequence[Grade]) -> pd.DataFrame:
-    """Which tests students fail most: failures, share of submissions, most common outcome.
-    Rejected submissions (nothing ran) and grader errors are left out: they failed no test.
-    (Collected Gradescope results.json files: `xfmr summarize`, harness.reports.grades.)"""
-    return tables.hardest([graded(g) for g in grades])
 
 
 def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
@@ -729,7 +544,7 @@ def run_grade_batch(args: argparse.Namespace) -> int:
         return usage_error("grade-batch", problem)
     limits = Limits(memory_mb=args.memory_mb)
     try:
-        executor = work.executor(args.scheduler, args.jobs)
+        executor = executors.executor(args.scheduler, args.jobs)
         try:
             grades = grade_batch(
                 folder,
@@ -746,7 +561,8 @@ def run_grade_batch(args: argparse.Namespace) -> int:
     except work.ClusterProblem as e:
         return usage_error("grade-batch", str(e))
     # every worker is gone: only now does anything get written
-    table, worst = batch_table(grades), hardest(grades)  # CSVs through reports.safe.to_csv
+    graded = [tables.Graded.of(g) for g in grades]
+    table, worst = tables.batch_table(graded), tables.hardest(graded)  # CSVs: reports.safe
 
     def scope(g: Grade) -> Callable[[], dict[str, Any]]:
         return lambda: gradescope(g, args.visibility, args.stdout_visibility)
@@ -759,7 +575,7 @@ def run_grade_batch(args: argparse.Namespace) -> int:
             *[(out / f"{Path(g.submission).stem}.gradescope.json", scope(g)) for g in grades],
         ],
     )
-    print(tables.summary_text([graded(g) for g in grades]))
+    print(tables.summary_text(graded))
     print(f"\nwrote {out}/grades.csv, {out}/hardest_tests.csv and one Gradescope JSON each")
     if any(g.error for g in grades):
         return 3

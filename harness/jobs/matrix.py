@@ -6,9 +6,10 @@ Prints the kill-rate matrix and its findings, writes it in the formats asked for
 Exit status: 0 when the matrix is healthy (no false alarm, every seed-named killer kills, the
 sanity mutant dies everywhere) and, with --check, equal to the expectation; 1 otherwise; 2 when
 nothing was judged (bad options, an unreachable or unfit cluster).
-With --scheduler each subject's row runs on a Dask cluster (harness.cluster); with --incremental
-only the cells whose inputs changed run (harness.cache). A mutant's cell that impl's traced run
-shows the test cannot reach is impl's, not run (harness.coverage); --run-every-cell runs it.
+With --scheduler each subject's row runs on a Dask cluster (harness.engine.cluster); with
+--incremental only the cells whose inputs changed run (harness.engine.cache). A mutant's cell that
+impl's traced run shows the test cannot reach is impl's, not run (harness.engine.coverage);
+--run-every-cell runs it.
 An --incremental run on this machine forks its workers from the warm fork server
 (harness.isolation.warm), started if none runs and left for the next run; --warm-idle 0 keeps
 each run to its own.
@@ -21,12 +22,13 @@ import json
 import sys
 from typing import Any
 
-from harness import work
 from harness.analysis import summarize
-from harness.cache import Store, default_root, incremental_suite
-from harness.coverage import inferred_line, run_inferring
-from harness.engine import SuiteRun, print_progress, run_suite
+from harness.engine import executors, work
+from harness.engine.cache import Store, default_root, incremental_suite
+from harness.engine.coverage import inferred_line, run_inferring
+from harness.engine.run import print_progress, run_suite
 from harness.isolation import forkserver
+from harness.records import SuiteRun
 from harness.reports import matrix as reports
 from harness.reports.safe import to_csv
 from harness.reports.writer import write_all
@@ -185,7 +187,7 @@ def _run(
     args: argparse.Namespace, tests: list, subjects: list[Subject], progress: Any
 ) -> tuple[SuiteRun, str]:
     """The run, on the executor and with the cache asked for; and the cache's line, if any."""
-    executor = work.executor(getattr(args, "scheduler", None), args.jobs)
+    executor = executors.executor(getattr(args, "scheduler", None), args.jobs)
     infer = not getattr(args, "run_every_cell", False)
     try:
         if not getattr(args, "incremental", False):

@@ -27,14 +27,14 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from harness import work
 from harness.analysis import Summary, summarize
-from harness.cache import KEPT, Store, default_root, suite_run_key
-from harness.engine import Cell, Launch, SuiteRun, unjudgeable
+from harness.engine import executors, work
+from harness.engine.cache import KEPT, Store, default_root, suite_run_key
+from harness.engine.run import Launch, unjudgeable
 from harness.isolation import sandbox
 from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput, staged, starter
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout, printable
@@ -46,6 +46,7 @@ from harness.options import (
     usage_error,
 )
 from harness.outcomes import Outcome, mutant_outcome
+from harness.records import Cell, SubjectRun, SuiteRun
 from harness.reports import matrix as reports
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.record import Test
@@ -80,18 +81,6 @@ def subjects() -> list[Subject]:
 def subject_source(subject: Subject, rng: random.Random) -> str:
     """The subject's source, patched for a mutant, disguised under draws from `rng`."""
     return disguise(subject.payload()["source"], rng)
-
-
-@dataclass
-class SubjectRun:
-    """The suite on one subject: cells by test id, the collected order, a suite-level error."""
-
-    cells: dict[str, Cell] = field(default_factory=dict)
-    collected: list[str] = field(default_factory=list)
-    error: str = ""  # the suite did not load or collect on this subject
-    seconds: float = 0.0
-    workers: int = 0
-    start_seconds: list[float] = field(default_factory=list)  # each sandbox's start-up, loading
 
 
 def run_on(
@@ -235,7 +224,7 @@ def mutation_score(
 ) -> Score:
     """Run the suite on every subject, each subject's run a unit of `executor` (default: up to
     `jobs` at once here), and score it. With a `store`, a subject's run whose key it holds is
-    taken from it (harness.cache.suite_run_key), and each clean run is stored."""
+    taken from it (harness.engine.cache.suite_run_key), and each clean run is stored."""
     tests_dir = Path(tests_dir).resolve()
     if not tests_dir.is_dir():
         raise FileNotFoundError(f"TESTS must be a folder of pytest files, got {tests_dir}")
@@ -268,7 +257,7 @@ def mutation_score(
             lambda: run_on(sources[s.name], tests_dir, module_name, limits, time_limit, unsafe),
             run_shipped,
             payload,
-            _run_from_json,
+            SubjectRun.from_json,
             lambda why: SubjectRun(error=why),
             sandboxed=not unsafe,
         )
@@ -282,7 +271,7 @@ def mutation_score(
         for s in subs:
             keys[s.name] = suite_run_key(s.payload(), suite, settings | {"unsafe": unsafe})
             if (value := store.get(keys[s.name])) is not None:
-                kept[s.name] = _run_from_json(value)
+                kept[s.name] = SubjectRun.from_json(value)
     runs: dict[str, SubjectRun] = {}
     # the correct subjects first: a suite that does not even collect on impl is broken, and
     # running it on the mutants would only repeat pytest's own error eleven times
@@ -300,7 +289,7 @@ def mutation_score(
             r = runs[s.name]
             clean = not r.error and all(c.outcome in KEPT for c in r.cells.values())
             if store is not None and clean:
-                store.put(keys[s.name], _run_json(r))
+                store.put(keys[s.name], SubjectRun.to_json(r))
         impl = runs["impl"]
         if not impl.collected or (impl.error and not impl.cells):
             raise SuiteBroken(impl.error or "pytest collected no test on impl")
@@ -325,18 +314,7 @@ def run_shipped(payload: dict[str, Any]) -> dict[str, Any]:
             payload["time_limit"],
             payload["unsafe"],
         )
-    return _run_json(r)
-
-
-def _run_json(r: SubjectRun) -> dict[str, Any]:
-    data = asdict(r)
-    data["cells"] = {k: [c.outcome.value, c.message, c.seconds] for k, c in r.cells.items()}
-    return data
-
-
-def _run_from_json(data: dict[str, Any]) -> SubjectRun:
-    cells = {k: Cell(Outcome(o), m, sec) for k, (o, m, sec) in data["cells"].items()}
-    return SubjectRun(**{**data, "cells": cells})
+    return SubjectRun.to_json(r)
 
 
 class SuiteBroken(Exception):
@@ -586,7 +564,7 @@ def run_mutation_score(args: argparse.Namespace) -> int:
     if problem := isolation_problem(args):
         return usage_error("mutation-score", problem)
     try:
-        executor = work.executor(args.scheduler, args.jobs)
+        executor = executors.executor(args.scheduler, args.jobs)
         try:
             s = mutation_score(
                 args.tests,

@@ -26,6 +26,7 @@ import pandas as pd
 from harness.isolation.worker import printable
 from harness.options import usage_error
 from harness.outcomes import Outcome
+from harness.records import Grade
 from harness.reports.safe import markdown_table, to_csv
 from harness.reports.writer import report_path_problem, write_all
 
@@ -66,6 +67,13 @@ class Graded:
     tests: list[TestLine] = field(default_factory=list)
     rejected: str = ""  # why nothing of it ran, if nothing did
     error: str = ""  # the grader's own failure on it, if any
+
+    @classmethod
+    def of(cls, g: Grade) -> Graded:
+        """A grade as the tables read it (grade-batch's; summarize reads results files)."""
+        lines = [TestLine(t.name, t.passed, t.outcome.value) for t in g.tests]
+        name = Path(g.submission).name
+        return cls(name, g.score, g.max_score, g.passed, lines, g.rejected, g.error)
 
     @property
     def counted(self) -> bool:

@@ -1,5 +1,6 @@
-"""Gradescope's results.json where nothing was graded: the refusal (no isolation here), shared by
-`xfmr grade` and the autograder's run_autograder (harness.jobs.autograder).
+"""Gradescope's results.json: a grade's, and the refusal where nothing was graded (no isolation
+here), shared by `xfmr grade`, `grade-batch` and the autograder's run_autograder
+(harness.jobs.autograder).
 
 Gradescope's format: https://gradescope-autograders.readthedocs.io/en/latest/specs/ (a top-level
 `score` is required unless every test has one; `visibility` is one of hidden, after_due_date,
@@ -12,9 +13,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from harness.options import UNSAFE
+from harness.records import Grade
+
 NOT_GRADED = (
     "NOT GRADED: the autograder could not isolate your code here, so it did not run it; this is "
     "not a verdict on your code, and its score of 0 stands only until course staff regrade it."
+)
+
+
+STAFF_FAULT = (
+    "GRADER ERROR: the grader failed while grading this submission; this is not a verdict on "
+    "your code, and its score of 0 stands only until course staff regrade it."
 )
 
 
@@ -49,5 +59,42 @@ def refusal(
                 "visibility": t.visibility,
             }
             for t in tests
+        ],
+    }
+
+
+def _summary(g: Grade) -> str:
+    if g.error:
+        return (
+            f"{STAFF_FAULT}\nCourse staff: the autograder's output (stdout) has the traceback; "
+            "fix the cause or report it, then regrade this submission (xfmr grade exit status 3)."
+        )
+    return g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
+
+
+def gradescope(
+    g: Grade, visibility: str = "visible", stdout_visibility: str = "hidden"
+) -> dict[str, Any]:
+    """A grade's results.json (score, execution_time, output, visibility, stdout_visibility,
+    tests[] each with its own visibility from the test's record): always a top-level score, 0 for
+    a rejection or a grader fault (whose output tells staff what to do)."""
+    return {
+        "score": g.score,
+        "execution_time": round(g.seconds, 2),
+        "output": _summary(g) + ("" if g.isolation != UNSAFE else f"\n{g.isolation}"),
+        "output_format": "text",
+        "visibility": visibility,
+        "stdout_visibility": stdout_visibility,
+        "tests": [
+            {
+                "name": t.name,
+                "score": t.score,
+                "max_score": t.max_score,
+                "status": "passed" if t.passed else "failed",
+                "output": t.message or t.law,
+                "output_format": "text",
+                "visibility": t.visibility,
+            }
+            for t in g.tests
         ],
     }

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.analysis import Summary
-from harness.engine import SuiteRun
 from harness.outcomes import STRYKER_STATUS, Outcome
+from harness.records import SuiteRun
 from harness.reports.safe import html_text, markdown_cell
 from harness.subjects import Kind, module_source
 from mutants import catalog
@@ -26,7 +26,7 @@ LEGEND = "  ".join(f"{o.symbol} {o.value}" for o in Outcome)
 
 def frame(run: SuiteRun) -> pd.DataFrame:
     """One row per cell: test, subject, kind, outcome, seconds, message, and whether it ran
-    (False: inferred from impl's coverage, harness.coverage)."""
+    (False: inferred from impl's coverage, harness.engine.coverage)."""
     import pandas as pd  # here, not at the top: only --csv needs it (0.3 s of every run's start)
 
     kinds = {s.name: s.kind.value for s in run.subjects}
@@ -252,9 +252,9 @@ def stryker(run: SuiteRun, summary: Summary) -> dict[str, Any]:
     """The mutation-testing-report-schema (version 2) JSON that Stryker's viewers render: impl's
     source and each pitfall mutant with the region its patches change, the replacement, status,
     reason and killers. The sanity mutant is left out (it checks the tests, not a pitfall).
-    coveredBy: when impl's row ran traced (harness.coverage), the tests that reach the mutant's
-    change, which are the tests its cells ran for (the others were inferred, not run); without
-    that coverage it is left out, as no test is then known to cover or miss."""
+    coveredBy: when impl's row ran traced (harness.engine.coverage), the tests that reach the
+    mutant's change, which are the tests its cells ran for (the others were inferred, not run);
+    without that coverage it is left out, as no test is then known to cover or miss."""
     path, source = module_source("impl.transformer")
     root = str(Path(path).parents[1]) + "/"
     tests = [t.name for t in run.tests]

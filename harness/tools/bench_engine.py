@@ -40,7 +40,7 @@ LEARNING = "test_learns_reversed_addition"
 # learning run that passes); s04's in the decoder layer, which every test that runs the decoder
 # reaches (a learning run of all 600 updates, as it never learns). The cache reruns the cells
 # whose key changed, less the cells that impl's coverage shows cannot reach the change
-# (harness.coverage).
+# (harness.engine.coverage).
 EDITS = {
     "s11": ("return list(best)  # mutant s11: eos kept", "return [*best]  # mutant s11: eos kept"),
     "s07": ("return per_target.mean()", "return per_target.sum() / per_target.numel()"),
@@ -158,7 +158,7 @@ def run_bench_engine(args: argparse.Namespace) -> int:
 
 def _executors(args: argparse.Namespace, matrix: list[str], tmp: Path, report: list[str]) -> Timed:
     """The matrix and grade-batch on every executor; the report's tables. The local matrix run."""
-    from harness.cluster import localhost_cluster  # needs the [dist] extra
+    from harness.engine.cluster import localhost_cluster  # needs the [dist] extra
 
     tests = [t for t in SHARED_TESTS if args.with_learning or t.name != LEARNING]
     folder = tmp / "submissions"
@@ -209,7 +209,7 @@ def _executors(args: argparse.Namespace, matrix: list[str], tmp: Path, report: l
 def _overhead(matrix: list[str]) -> list[str]:
     """The matrix of the quickest test only: each unit is a worker start and milliseconds of
     work, so the differences between executors are their own costs per unit."""
-    from harness.cluster import localhost_cluster  # needs the [dist] extra
+    from harness.engine.cluster import localhost_cluster  # needs the [dist] extra
 
     quick = [*matrix, "--tests", QUICK]
     with localhost_cluster(workers=2) as address:

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from harness.engine import trusted_call
+from harness.engine.run import trusted_call
 from harness.shared_tests.inputs import DATA
 from harness.shared_tests.laws.values import golden_comparisons
 from harness.shared_tests.verdicts import errors

@@ -3,9 +3,9 @@
 `python -m harness.tools.coverage_check [--sample N] [--seed S]` writes results/coverage_check.json
 and results/coverage_check.md.
 
-harness.coverage infers a mutant's cell from impl's when impl's traced run of the test calls none
-of the functions the mutant changes. This tool tries that claim on generic first-order mutants of
-impl (harness.tools.generic_mutants: Cosmic Ray's operators and more, a sample stratified by
+harness.engine.coverage infers a mutant's cell from impl's when impl's traced run of the test calls
+none of the functions the mutant changes. This tool tries that claim on generic first-order mutants
+of impl (harness.tools.generic_mutants: Cosmic Ray's operators and more, a sample stratified by
 operator), which nobody wrote with the inference in mind: impl's row runs once, traced; for each
 sampled mutant, every cell the matrix would infer is run instead, and its outcome must be impl's
 (passed). A disagreement is a cell the matrix would get wrong; the tool exits 1 on any.
@@ -21,8 +21,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from harness.coverage import BASELINE, changed_functions, inferred_cell, shape
-from harness.engine import Launch, run_subject, run_test
+from harness.engine.coverage import BASELINE, changed_functions, inferred_cell, shape
+from harness.engine.run import Launch, run_subject, run_test
 from harness.isolation.forkserver import forked
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout
 from harness.shared_tests.laws import SHARED_TESTS

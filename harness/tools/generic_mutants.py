@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from harness.engine import Launch, run_test
+from harness.engine.run import Launch, run_test
 from harness.isolation.forkserver import forked
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout
 from harness.outcomes import Outcome

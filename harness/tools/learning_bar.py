@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from harness.engine import trusted_call
+from harness.engine.run import trusted_call
 from harness.shared_tests.inputs import DATA, set_draw_secret
 from harness.shared_tests.laws.training import heldout_loss
 from harness.subjects import Kind, Subject

@@ -1,6 +1,6 @@
 """A real Dask cluster on localhost: `dask scheduler` and two `dask worker` processes, started and
-torn down by harness.cluster.localhost_cluster. grade-batch over the examples and a small matrix
-run through it must give what the local executor gives, cell for cell (about a minute)."""
+torn down by harness.engine.cluster.localhost_cluster. grade-batch over the examples and a small
+matrix run through it must give what the local executor gives, cell for cell (about a minute)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ MATRIX = [
 
 @pytest.fixture(scope="module")
 def address():
-    from harness.cluster import localhost_cluster
+    from harness.engine.cluster import localhost_cluster
 
     with localhost_cluster(workers=2, timeout=90) as address:
         yield address
@@ -103,8 +103,8 @@ DIES_ONCE = (
 
 
 def test_a_worker_that_dies_mid_unit_is_replaced_and_the_unit_runs_again(address, tmp_path):
-    from harness import work
-    from harness.cluster import DaskExecutor
+    from harness.engine import work
+    from harness.engine.cluster import DaskExecutor
 
     marker = tmp_path / "died"
     code = "(lambda os: " + DIES_ONCE.replace("MARKER", repr(str(marker))) + ")(__import__('os'))"

@@ -1,5 +1,6 @@
-"""Call coverage (harness.coverage): which functions a mutant changes, what impl's traced run of a
-test calls, and that a matrix with cells inferred from it equals the matrix with every cell run."""
+"""Call coverage (harness.engine.coverage): which functions a mutant changes, what impl's traced run
+of a test calls, and that a matrix with cells inferred from it equals the matrix with every cell
+run."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import textwrap
 
 import pytest
 
-from harness.coverage import changed_functions, inferred_cell, run_inferring
-from harness.engine import Cell, run_suite
+from harness.engine.coverage import changed_functions, inferred_cell, run_inferring
+from harness.engine.run import run_suite
 from harness.isolation.child.calls import recorded
 from harness.jobs.matrix import matrix_subjects
 from harness.outcomes import Outcome
+from harness.records import Cell
 from harness.shared_tests.laws import BY_NAME
 
 BASE = textwrap.dedent(

@@ -1,4 +1,4 @@
-"""The executor seam (harness.work) and the incremental cell cache (harness.cache)."""
+"""The executor seam (harness.engine.work) and the incremental cell cache (harness.engine.cache)."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from harness import fingerprint, work
-from harness.cache import Store, cell_keys, incremental_suite, suite_run_key
 from harness.cli import main
-from harness.coverage import split
-from harness.engine import run_suite
+from harness.engine import fingerprint, work
+from harness.engine.cache import Store, cell_keys, incremental_suite, suite_run_key
+from harness.engine.coverage import split
+from harness.engine.run import run_suite
 from harness.jobs.matrix import matrix_subjects
 from harness.outcomes import Outcome
 from harness.shared_tests.laws import BY_NAME
@@ -57,7 +57,7 @@ def test_a_bad_scheduler_is_a_one_line_usage_error(command, value, capsys, tmp_p
 
 def test_an_unreachable_scheduler_stops_the_run_with_exit_2(capsys, monkeypatch):
     pytest.importorskip("distributed")
-    monkeypatch.setattr("harness.cluster.CONNECT_TIMEOUT", "1s")
+    monkeypatch.setattr("harness.engine.cluster.CONNECT_TIMEOUT", "1s")
     argv = ["matrix", "--only", "impl", "--tests", "test_hand_example_noam", "--quiet"]
     assert main([*argv, "--scheduler", "tcp://127.0.0.1:9"]) == 2  # the discard port: no one
     err = capsys.readouterr().err.strip().splitlines()
@@ -107,7 +107,7 @@ def test_a_unit_lost_on_the_cluster_is_that_units_error_only():
     pytest.importorskip("distributed")
     from distributed.scheduler import KilledWorker
 
-    from harness import cluster
+    from harness.engine import cluster
 
     class Future:
         def __init__(self, error):
@@ -127,7 +127,7 @@ def test_a_unit_lost_on_the_cluster_is_that_units_error_only():
 
 def test_a_worker_refuses_units_it_would_judge_differently_or_could_not_cage(monkeypatch):
     pytest.importorskip("distributed")
-    from harness import cluster
+    from harness.engine import cluster
     from harness.isolation import sandbox
 
     assert cluster.remote(len, "abc", fingerprint.project(), sandboxed=False) == 3
@@ -158,7 +158,7 @@ def test_an_unchanged_cell_is_reused_and_equals_a_fresh_one(tmp_path):
     first, reuse1 = incremental_suite(HAND, SUBJECTS, store)
     second, reuse2 = incremental_suite(HAND, SUBJECTS, store)
     # s07 (the loss) and s08 (the rate) each change what the other hand example never calls:
-    # those two cells are impl's, inferred (harness.coverage), and stored like the rest
+    # those two cells are impl's, inferred (harness.engine.coverage), and stored like the rest
     assert (reuse1.reused, reuse1.ran, reuse1.inferred) == (0, 4, 2)
     assert (reuse2.reused, reuse2.ran, reuse2.inferred) == (6, 0, 0)
     assert not second.cell("test_hand_example_noam", "s07").ran
@@ -232,7 +232,7 @@ def test_a_half_written_entry_of_a_killed_run_is_never_read(tmp_path):
     store = Store(tmp_path)
     key = fingerprint.digest("killed mid-write")
     code = (
-        "import os, sys\nfrom harness.cache import Store\n"
+        "import os, sys\nfrom harness.engine.cache import Store\n"
         "real = os.replace\n"
         "def die(*a): os._exit(9)  # killed between the write and the rename\n"
         "os.replace = die\n"
@@ -327,7 +327,8 @@ def test_a_shipped_suite_run_equals_the_local_one():
     """What a Dask worker runs for mutation-score (run_shipped: the suite as plain data, unpacked
     and run there) gives what the local run gives (the transport itself is test_cluster's)."""
     from harness.isolation.sandbox import DEFAULT_LIMITS
-    from harness.jobs.mutation_score import MODULE, _run_from_json, run_on, run_shipped, subjects
+    from harness.jobs.mutation_score import MODULE, run_on, run_shipped, subjects
+    from harness.records import SubjectRun
 
     source = subjects()[0].payload()["source"]  # impl
     local = run_on(source, WEAK, MODULE, DEFAULT_LIMITS, 30.0)
@@ -339,7 +340,7 @@ def test_a_shipped_suite_run_equals_the_local_one():
         "time_limit": 30.0,
         "unsafe": False,
     }
-    shipped = _run_from_json(json.loads(json.dumps(run_shipped(payload))))  # plain data back
+    shipped = SubjectRun.from_json(json.loads(json.dumps(run_shipped(payload))))  # plain data back
     assert local.collected == shipped.collected and len(local.collected) == 3
     assert local.error == shipped.error == ""
     assert {k: c.outcome for k, c in local.cells.items()} == {

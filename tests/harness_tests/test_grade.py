@@ -9,6 +9,11 @@ import pytest
 from harness.cli import main
 from harness.isolation.static_check import problems as forbidden_imports
 from harness.jobs import grade
+from harness.outcomes import Outcome
+from harness.records import Grade
+from harness.reports import grade as grade_report
+from harness.reports import grades as tables
+from harness.reports.gradescope import gradescope
 from harness.shared_tests.inputs import golden_inputs
 from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 
@@ -80,14 +85,14 @@ def test_faulty_submission_fails_with_its_first_divergence():
     g = grade.grade(ROOT / "examples" / "faulty_submission.py", tests)
     failed = {t.name: t for t in g.tests if not t.passed}
     assert list(failed) == FAULTY_FAILS
-    assert all(t.outcome == "killed" for t in failed.values())
+    assert all(t.outcome is Outcome.KILLED for t in failed.values())
     golden = failed["test_golden_torch"].message
     assert "max abs error" in golden
     assert "first divergence: decoder.0.cross_attn" in golden
     # one cause, said once: the other configs, where only the error sizes differ, are named
     assert golden.count("padded keys are read") == 1 and "(the same in: " in golden
     assert set(g.diagnosis) == {name for name, _, _ in golden_inputs()}  # the JSON keeps each
-    junit = ET.fromstring(grade.junit(g).split("\n", 1)[1])
+    junit = ET.fromstring(grade_report.junit(g).split("\n", 1)[1])
     assert junit.find("testsuite").get("failures") == str(len(FAULTY_FAILS))
 
 
@@ -194,7 +199,7 @@ def test_the_dropout_law_catches_missing_and_ever_present_dropout(tmp_path, faul
     result = grade_impl_variant(
         tmp_path, "nn.Dropout(cfg.dropout)", new, "test_dropout_only_in_training", ALWAYS_DROPOUT
     )
-    assert result.outcome == "killed", fault
+    assert result.outcome is Outcome.KILLED, fault
 
 
 @pytest.mark.parametrize(
@@ -207,7 +212,7 @@ def test_the_dropout_law_catches_missing_and_ever_present_dropout(tmp_path, faul
 def test_a_changed_default_is_caught_by_the_defaults_law(tmp_path, old, new, words):
     # every other test passes every field and argument; only this law sees a default
     result = grade_impl_variant(tmp_path, old, new, "test_defaults_are_the_contracts")
-    assert result.outcome == "killed" and words in result.message, result.message
+    assert result.outcome is Outcome.KILLED and words in result.message, result.message
 
 
 # Every escape sequence and XML-forbidden control character a student's exception can carry.
@@ -220,13 +225,13 @@ def test_student_text_with_control_characters_keeps_the_junit_file_valid(tmp_pat
     submission.write_text((ROOT / "impl" / "torch_copy.py").read_text() + "\n\n" + raising)
     tests = [BY_NAME["test_hand_example_noam"], BY_NAME["test_defaults_are_the_contracts"]]
     g = grade.grade(submission, tests)
-    xml = grade.junit(g)
+    xml = grade_report.junit(g)
     junit_schema.validate(xml.split("\n", 1)[1])  # Jenkins' junit-10.xsd, xmlschema's parser
     suite = ET.fromstring(xml.split("\n", 1)[1]).find("testsuite")
     assert (suite.get("tests"), suite.get("failures"), suite.get("errors")) == ("2", "1", "0")
     message = suite.find("testcase/failure").get("message")
     assert "red" in message and "\\x07" in message and "\x1b" not in message
-    assert "\x1b" not in grade.text(g) and "\x00" not in json.dumps(grade.gradescope(g))
+    assert "\x1b" not in grade_report.text(g) and "\x00" not in json.dumps(gradescope(g))
 
 
 @pytest.mark.parametrize(
@@ -265,7 +270,7 @@ def test_python_dash_m_harness_is_the_xfmr_command():
 def test_gradescope_visibility_is_the_staffs_choice(tmp_path):
     # --visibility and --stdout-visibility for the whole result, each test's own from its record
     g = grade.grade(tmp_path / "missing.py", [BY_NAME["test_hand_example_noam"]])
-    data = grade.gradescope(g, "after_due_date", "visible")
+    data = gradescope(g, "after_due_date", "visible")
     assert (data["visibility"], data["stdout_visibility"]) == ("after_due_date", "visible")
     noam = BY_NAME["test_hand_example_noam"]
     assert [t["visibility"] for t in data["tests"]] == [noam.visibility]
@@ -323,10 +328,10 @@ def test_a_grader_fault_exits_3_and_its_results_json_says_so_with_score_0(tmp_pa
 def test_a_layer_norm_that_ignores_ln_eps_fails_the_golden_test(tmp_path, old, new):
     # one golden config uses ln_eps 1e-3: torch's default 1e-5 there moves the logits by ~5e-4
     result = grade_impl_variant(tmp_path, old, new, "test_golden_torch")
-    assert result.outcome == "killed" and "ln_eps 1e-3" in result.message, result.message
+    assert result.outcome is Outcome.KILLED and "ln_eps 1e-3" in result.message, result.message
 
 
 def test_a_batch_whose_every_submission_is_rejected_has_no_hardest_test():
-    rejected = [grade.Grade(f"s{i}.py", [], rejected="imports harness") for i in range(2)]
-    table = grade.hardest(rejected)
+    rejected = [Grade(f"s{i}.py", [], rejected="imports harness") for i in range(2)]
+    table = tables.hardest([tables.Graded.of(g) for g in rejected])
     assert table.empty and list(table.columns) == ["test", "failed", "of", "share", "usual outcome"]

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness import wire as protocol
-from harness.engine import Launch, run_suite, trusted_call
+from harness.engine.run import Launch, run_suite, trusted_call
 from harness.isolation.sandbox import DEFAULT_LIMITS, INPUT, sandboxed, staged
 from harness.outcomes import Outcome, mutant_outcome
 from harness.shared_tests.laws import BY_NAME

@@ -31,6 +31,7 @@ import pytest
 from harness.cli import main
 from harness.jobs.grade import grade
 from harness.jobs.mutation_score import mutation_score
+from harness.outcomes import Outcome
 from harness.shared_tests.laws import BY_NAME
 from harness.subjects import module_source
 
@@ -314,7 +315,7 @@ def test_a_fit_that_never_trains_does_not_learn(tmp_path):
     # its own losses fall to zero; its weights never move: fit's first update is not Adam's step
     g = grade(overlay("attack_lazy_fit", tmp_path), [BY_NAME["test_learns_reversed_addition"]])
     [result] = g.tests
-    assert result.outcome == "killed", result.message
+    assert result.outcome is Outcome.KILLED, result.message
     assert "moved 0 of" in result.message and "not Adam's step" in result.message, result.message
 
 

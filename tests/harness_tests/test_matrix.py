@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from harness.analysis import summarize
-from harness.coverage import run_inferring
-from harness.engine import run_suite
+from harness.engine.coverage import run_inferring
+from harness.engine.run import run_suite
 from harness.jobs.matrix import (
     EXPECTED,
     changed_cells,

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.engine import Cell
 from harness.jobs import mutation_score as ms
 from harness.outcomes import Outcome
+from harness.records import Cell
 from mutants import catalog
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"

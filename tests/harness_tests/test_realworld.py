@@ -22,6 +22,7 @@ from realworld import run_set
 
 from harness.isolation.sandbox import DEFAULT_LIMITS
 from harness.jobs import grade
+from harness.reports import grade as grade_report
 from harness.shared_tests.laws import SHARED_TESTS
 
 pytestmark = pytest.mark.slow
@@ -43,7 +44,9 @@ def graded(tmp_path_factory) -> dict[str, dict]:
         (folder / f"{stem}.py").write_text(run_set.variant_source(record))
     jobs = os.cpu_count() or 1
     grades = grade.grade_batch(folder, SHARED_TESTS, DEFAULT_LIMITS, None, jobs, unsafe=True)
-    return {names[Path(g.submission).stem]: run_set.summarize(grade.to_json(g)) for g in grades}
+    return {
+        names[Path(g.submission).stem]: run_set.summarize(grade_report.to_json(g)) for g in grades
+    }
 
 
 @pytest.mark.parametrize("base", run_set.bases())

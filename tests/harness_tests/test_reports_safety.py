@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 
 from harness.analysis import summarize
-from harness.engine import Cell, SuiteRun
 from harness.outcomes import Outcome
+from harness.records import Cell, SuiteRun
 from harness.reports import grades as tables
 from harness.reports import matrix as reports
 from harness.reports.safe import FORMULA_START, csv_cell, markdown_cell, to_csv

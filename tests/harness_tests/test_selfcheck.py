@@ -16,6 +16,7 @@ import pytest
 from harness import selfcheck
 from harness.jobs import grade
 from harness.pytest_plugin import PROFILE, PROFILE_SETTINGS
+from harness.reports import grade as grade_report
 from harness.shared_tests.laws import BY_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +110,7 @@ def test_check_says_what_a_grade_says():
     text = selfcheck.text(checked)
     assert text.startswith(f"Self-check of {ROOT / FAULTY} (not a grade)")
     # every line after the heading is the grade's, but for the times
-    assert _untimed(grade.text(graded))[3:] == _untimed(text)[3:]
+    assert _untimed(grade_report.text(graded))[3:] == _untimed(text)[3:]
 
 
 def _untimed(text: str) -> list[str]:

@@ -10,7 +10,9 @@ import pytest
 from harness.cli import main
 from harness.jobs import grade, mutation_score
 from harness.outcomes import Outcome
+from harness.records import Grade, TestResult
 from harness.reports import grades as tables
+from harness.reports.gradescope import gradescope
 from harness.shared_tests.laws import BY_NAME
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +25,7 @@ REASON = {
 }
 
 
-def a_grade(name: str, outcomes: list[str], rejected: str = "", error: str = "") -> grade.Grade:
+def a_grade(name: str, outcomes: list[str], rejected: str = "", error: str = "") -> Grade:
     """A Grade as grade() returns it, each test with the outcome given."""
     results = []
     for t, outcome in zip(TESTS, outcomes, strict=True):
@@ -31,11 +33,11 @@ def a_grade(name: str, outcomes: list[str], rejected: str = "", error: str = "")
         message = rejected or ("" if passed else REASON[outcome])
         score = float(t.points) if passed else 0.0
         results.append(
-            grade.TestResult(
-                t.name, t.law, outcome, score, float(t.points), message, 0.1, t.visibility
+            TestResult(
+                t.name, t.law, Outcome(outcome), score, float(t.points), message, 0.1, t.visibility
             )
         )
-    return grade.Grade(name, results, rejected, error=error)
+    return Grade(name, results, rejected, error=error)
 
 
 GRADES = {
@@ -55,9 +57,9 @@ def collected(tmp_path):
         where = {"carol": root / "carol" / "results", "dave": root}.get(name, root / name)
         where.mkdir(parents=True, exist_ok=True)
         file = "dave.gradescope.json" if name == "dave" else "results.json"
-        (where / file).write_text(json.dumps(grade.gradescope(g)))
+        (where / file).write_text(json.dumps(gradescope(g)))
     bad = {
-        "cut/results.json": json.dumps(grade.gradescope(GRADES["bob"]))[:150],  # cut short
+        "cut/results.json": json.dumps(gradescope(GRADES["bob"]))[:150],  # cut short
         "list/results.json": "[1, 2, 3]",
         "empty/results.json": "",
         "nothing/results.json": '{"output": "hello"}',
@@ -88,11 +90,11 @@ def test_summarize_gives_grade_batchs_tables(collected):
     batch = {Path(g.submission).stem: g for g in GRADES.values()}
     order = sorted(by_name)
     from_files = tables.batch_table([by_name[n] for n in order])
-    from_batch = grade.batch_table([batch[n] for n in order])
+    from_batch = tables.batch_table([tables.Graded.of(batch[n]) for n in order])
     from_batch["submission"] = from_batch["submission"].str.removesuffix(".py")
     assert from_files.equals(from_batch)  # every score, pass and outcome, rejected included
     worst = tables.hardest(grades)
-    assert worst.equals(grade.hardest(list(GRADES.values())))
+    assert worst.equals(tables.hardest([tables.Graded.of(g) for g in GRADES.values()]))
     assert worst.iloc[0].tolist() == ["test_hand_example_noam", 2, 3, 0.67, "killed"]
     assert worst.set_index("test").loc["test_golden_torch", "failed"] == 2
     assert not by_name["dave"].counted and by_name["dave"].rejected.startswith("rejected:")
@@ -165,7 +167,7 @@ def test_other_autograders_results_without_status_or_top_score(tmp_path):
 def test_a_grader_error_is_not_counted(tmp_path):
     g = a_grade("erin.py", ["error"] * 3)
     g.error = "Traceback ..."
-    (tmp_path / "erin.gradescope.json").write_text(json.dumps(grade.gradescope(g)))
+    (tmp_path / "erin.gradescope.json").write_text(json.dumps(gradescope(g)))
     (read,), _ = tables.summarize_folder(tmp_path)
     assert read.error and not read.counted and tables.hardest([read]).empty
 

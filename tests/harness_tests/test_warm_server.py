@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.engine import run_suite
+from harness.engine.run import run_suite
 from harness.isolation import forkserver, warm
 from harness.isolation.child import forkserver as child_forkserver
 from harness.isolation.forkserver import worker_environment

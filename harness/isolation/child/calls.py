@@ -4,8 +4,8 @@ While a request asked to be traced runs, every new Python frame whose code comes
 subject's file (its own functions, methods, lambdas and comprehensions, resumed generators
 included) adds the code's qualified name to a set; frames of any other file are not looked at
 further (no line tracing), so a traced request costs a few percent more, not a slowdown per
-line. The parent (harness.coverage) uses the names of impl's calls to tell which mutants' changes
-a test can reach at all.
+line. The parent (harness.engine.coverage) uses the names of impl's calls to tell which mutants'
+changes a test can reach at all.
 
 Only trusted subjects are traced (the matrix's baseline, impl): a subject could switch the trace
 off, so a submission's names would prove nothing.
