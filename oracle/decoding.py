@@ -6,17 +6,16 @@ positions come from the state, so the prefix is never recomputed. The state is n
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from oracle.layers import decoder_layer, key_value_heads
+from oracle.layers import KV, decoder_layer, key_value_heads
 from oracle.model import embed, encode, output_logits, source_attention_mask
 from oracle.ops import layer_norm, log_softmax
 from oracle.params import Params
-
-KV = tuple[np.ndarray, np.ndarray]  # keys and values [B, h, positions, d_k]
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,12 +33,11 @@ class DecodeState:
         """The state of the batch rows `rows` (in that order, repeats allowed): for beam search."""
         rows = np.asarray(rows, dtype=np.intp)
 
-        def pick(kvs: tuple[KV, ...] | None) -> tuple[KV, ...] | None:
-            return None if kvs is None else tuple((K[rows], V[rows]) for K, V in kvs)
+        def pick(kvs: tuple[KV, ...]) -> tuple[KV, ...]:
+            return tuple((K[rows], V[rows]) for K, V in kvs)
 
-        return DecodeState(
-            self.position, self.src_mask[rows], pick(self.self_kv), pick(self.cross_kv)
-        )
+        cross = None if self.cross_kv is None else pick(self.cross_kv)
+        return DecodeState(self.position, self.src_mask[rows], pick(self.self_kv), cross)
 
 
 def init_state(params: Params, src_mask: Any) -> DecodeState:
@@ -89,15 +87,28 @@ def decode_step(
     self_kv = []
     for i in range(spec.n_dec):
         p = params.layer(f"decoder.{i}")
+        extend = _extended(state.self_kv[i], params.layer(f"decoder.{i}.self_attn"), spec.n_heads)
         y, c = decoder_layer(
-            y, None, p, self_mask, cross_mask, spec, past=state.self_kv[i], cross_kv=cross_kv[i]
+            y, None, p, self_mask, cross_mask, spec, self_kv=extend, cross_kv=cross_kv[i]
         )
-        self_kv.append((c["self"]["K"], c["self"]["V"]))
+        attended = c["self"]["sublayer"]  # the self-attention's cache: the heads it read
+        self_kv.append((attended["K"], attended["V"]))
     if spec.norm == "pre":
         a = params.arrays
         y = layer_norm(y, a["dec_norm.weight"], a["dec_norm.bias"], spec.ln_eps)
     logits = output_logits(params, y)[:, 0]  # [B, V_tgt]
     return logits, DecodeState(t + 1, state.src_mask, tuple(self_kv), cross_kv)
+
+
+def _extended(past: KV, p: dict[str, np.ndarray], h: int) -> Callable[[np.ndarray], KV]:
+    """The self-attention's key/value heads at a new position: the cached positions' heads
+    `past`, then the new position's, projected from the sublayer's input x [B, 1, d]."""
+
+    def heads(x: np.ndarray) -> KV:
+        K_new, V_new = key_value_heads(x, p, h)
+        return np.concatenate([past[0], K_new], axis=2), np.concatenate([past[1], V_new], axis=2)
+
+    return heads
 
 
 @dataclass(frozen=True)
@@ -163,7 +174,13 @@ def beam_search(
 
 def best_hypothesis(finished: list[Hypothesis]) -> Hypothesis:
     """The highest score, the earliest finished on ties."""
-    return max(finished, key=lambda h: h.score)  # max keeps the first of equal keys
+    return max(finished, key=_score)  # max keeps the first of equal keys
+
+
+def _score(h: Hypothesis) -> float:
+    if h.score is None:
+        raise ValueError(f"hypothesis {h.tokens} is not finished: it has no score")
+    return h.score
 
 
 def translate(

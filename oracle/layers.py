@@ -1,14 +1,26 @@
 """The Transformer's sublayers and layers (section 3.1-3.3), each forward beside its backward.
 
+A layer is the paper's stack of residual sublayers: two in the encoder (self-attention, the
+feed-forward network), three in the decoder (masked self-attention, attention over the encoder's
+output, the feed-forward network). `residual` is the one place where the LayerNorm's placement
+lives:
+
+    post-LN (the paper's):  x <- LN(x + Sublayer(x))
+    pre-LN:                 x <- x + Sublayer(LN(x))
+
 A forward returns (output, cache): the cache holds the intermediate arrays its backward needs, so
 the gradient pass never recomputes a matmul. `p` is a layer's arrays with the layer's prefix
 removed ('self_attn.q_proj.weight', 'norm1.weight', ...); the gradients come back under the same
-names. `trace`, when given, receives each contract module's output under its full name, in the
-order of computation (CONTRACT.md, "module names").
+names.
+
+`trace`, when given, receives each contract module's output under its full name, in the order of
+computation (CONTRACT.md, "module names"). Tracing wraps the functions a layer is built from
+(`traced`); the equations themselves never look at it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -28,6 +40,9 @@ from oracle.params import ModelSpec
 
 Cache = dict[str, Any]
 Grads = dict[str, np.ndarray]
+KV = tuple[np.ndarray, np.ndarray]  # an attention's key and value heads [B, h, S, d_k]
+Sublayer = Callable[[np.ndarray], tuple[np.ndarray, Cache]]  # x -> (Sublayer(x), its cache)
+Trace = dict[str, np.ndarray] | None
 
 
 def _sub(p: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
@@ -35,14 +50,24 @@ def _sub(p: dict[str, np.ndarray], name: str) -> dict[str, np.ndarray]:
     return {k[len(head) :]: v for k, v in p.items() if k.startswith(head)}
 
 
-def _record(trace: dict[str, np.ndarray] | None, name: str, value: np.ndarray) -> None:
-    if trace is not None:
-        trace[name] = value
+def traced(trace: Trace, name: str, f: Callable[..., Any]) -> Callable[..., Any]:
+    """f, recording its output (the first of a pair) in `trace` under `name`; f itself without a
+    trace."""
+    if trace is None:
+        return f
+
+    def recorded(*args: Any) -> Any:
+        out = f(*args)
+        trace[name] = out[0] if isinstance(out, tuple) else out
+        return out
+
+    return recorded
 
 
-def key_value_heads(
-    x_kv: np.ndarray, p: dict[str, np.ndarray], h: int
-) -> tuple[np.ndarray, np.ndarray]:
+# --- Attention (section 3.2) ------------------------------------------------------------------
+
+
+def key_value_heads(x_kv: np.ndarray, p: dict[str, np.ndarray], h: int) -> KV:
     """K = x_kv W^K, V = x_kv W^V split into h heads [B, h, S, d_k] (section 3.2.2)."""
     K = split_heads(linear(x_kv, p["k_proj.weight"], p["k_proj.bias"]), h)
     V = split_heads(linear(x_kv, p["v_proj.weight"], p["v_proj.bias"]), h)
@@ -55,7 +80,7 @@ def multi_head_attention(
     p: dict[str, np.ndarray],
     mask: np.ndarray,
     h: int,
-    kv: tuple[np.ndarray, np.ndarray] | None = None,
+    kv: KV | None = None,
 ) -> tuple[np.ndarray, Cache]:
     """MultiHead(x_q, x_kv) = Concat(head_1, ..., head_h) W^O + b^O (section 3.2.2),
     head_i = Attention(x_q W_i^Q, x_kv W_i^K, x_kv W_i^V).
@@ -64,7 +89,11 @@ def multi_head_attention(
     key/value projection of x_kv with given heads (a decoding cache); then x_kv is not read.
     """
     Q = split_heads(linear(x_q, p["q_proj.weight"], p["q_proj.bias"]), h)  # [B, h, T, d_k]
-    K, V = key_value_heads(x_kv, p, h) if kv is None else kv  # [B, h, S, d_k]
+    if kv is None:
+        if x_kv is None:
+            raise ValueError("multi_head_attention needs x_kv or the heads kv")
+        kv = key_value_heads(x_kv, p, h)
+    K, V = kv  # [B, h, S, d_k]
     heads, A = scaled_dot_product_attention(Q, K, V, mask)  # [B, h, T, d_k], A [B, h, T, S]
     concat = merge_heads(heads)  # [B, T, d]
     out = linear(concat, p["out_proj.weight"], p["out_proj.bias"])
@@ -95,16 +124,17 @@ def multi_head_attention_bwd(
     return dx_q, dx_k + dx_v, g
 
 
+# --- The feed-forward network (section 3.3) -----------------------------------------------------
+
+
 def feed_forward(
-    x: np.ndarray, p: dict[str, np.ndarray], activation: str, trace: dict | None, prefix: str
+    x: np.ndarray, p: dict[str, np.ndarray], activation: str, trace: Trace, prefix: str
 ) -> tuple[np.ndarray, Cache]:
     """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2 (section 3.3); linear1 is W_1, linear2 is W_2."""
     act, _ = ACTIVATIONS[activation]
-    h1 = linear(x, p["linear1.weight"], p["linear1.bias"])  # [B, T, d_ff]
-    _record(trace, f"{prefix}.linear1", h1)
+    h1 = traced(trace, f"{prefix}.linear1", linear)(x, p["linear1.weight"], p["linear1.bias"])
     a = act(h1)
-    y = linear(a, p["linear2.weight"], p["linear2.bias"])  # [B, T, d]
-    _record(trace, f"{prefix}.linear2", y)
+    y = traced(trace, f"{prefix}.linear2", linear)(a, p["linear2.weight"], p["linear2.bias"])
     return y, {"x": x, "h1": h1, "a": a}
 
 
@@ -120,18 +150,56 @@ def feed_forward_bwd(
     return dx, g
 
 
-def _norm(x: np.ndarray, p: dict[str, np.ndarray], name: str, spec: ModelSpec) -> np.ndarray:
-    return layer_norm(x, p[f"{name}.weight"], p[f"{name}.bias"], spec.ln_eps)
+# --- Residual connections and LayerNorm (section 5.4's dropout aside: none in the oracle) -------
 
 
-def _norm_bwd(
-    dy: np.ndarray, x: np.ndarray, p: dict[str, np.ndarray], name: str, spec: ModelSpec, g: Grads
+def residual(
+    x: np.ndarray,
+    sublayer: Sublayer,
+    norm: Callable[[np.ndarray], np.ndarray],
+    placement: str,
+) -> tuple[np.ndarray, Cache]:
+    """post: LN(x + Sublayer(x)); pre: x + Sublayer(LN(x))."""
+    if placement == "post":
+        f, inner = sublayer(x)
+        z = x + f
+        return norm(z), {"x": x, "z": z, "sublayer": inner}
+    f, inner = sublayer(norm(x))
+    return x + f, {"x": x, "sublayer": inner}
+
+
+def residual_bwd(
+    dout: np.ndarray,
+    c: Cache,
+    sublayer_bwd: Callable[[np.ndarray, Cache], tuple[np.ndarray, ...]],
+    norm_bwd: Callable[[np.ndarray, np.ndarray], np.ndarray],
+    placement: str,
 ) -> np.ndarray:
-    """LayerNorm `name`'s backward at input x: its gains' gradients go into g, dx is returned."""
-    dx, g[f"{name}.weight"], g[f"{name}.bias"] = layer_norm_bwd(
-        dy, x, p[f"{name}.weight"], spec.ln_eps
-    )
-    return dx
+    """dx of `residual`: the path that skips the sublayer plus the sublayer's. `sublayer_bwd`
+    gives the gradient at the sublayer's input as its terms (self-attention: through the queries,
+    through the keys and values), added in that order."""
+    if placement == "post":
+        dz = norm_bwd(dout, c["z"])
+        return sum(sublayer_bwd(dz, c["sublayer"]), start=dz)
+    first, *rest = sublayer_bwd(dout, c["sublayer"])
+    return dout + norm_bwd(sum(rest, start=first), c["x"])
+
+
+def _norm(p: dict[str, np.ndarray], name: str, spec: ModelSpec) -> Callable:
+    """LayerNorm `name` of the layer, as a function of its input."""
+    return lambda x: layer_norm(x, p[f"{name}.weight"], p[f"{name}.bias"], spec.ln_eps)
+
+
+def _norm_bwd(p: dict[str, np.ndarray], name: str, spec: ModelSpec, g: Grads) -> Callable:
+    """LayerNorm `name`'s backward at its input x: its gains' gradients go into g."""
+
+    def bwd(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+        dx, g[f"{name}.weight"], g[f"{name}.bias"] = layer_norm_bwd(
+            dy, x, p[f"{name}.weight"], spec.ln_eps
+        )
+        return dx
+
+    return bwd
 
 
 def into(g: Grads, prefix: str, sub: Grads) -> None:
@@ -139,64 +207,58 @@ def into(g: Grads, prefix: str, sub: Grads) -> None:
     g.update({f"{prefix}.{k}": v for k, v in sub.items()})
 
 
+# --- The layers (section 3.1) -------------------------------------------------------------------
+
+
 def encoder_layer(
     x: np.ndarray,
     p: dict[str, np.ndarray],
     mask: np.ndarray,
     spec: ModelSpec,
-    trace: dict | None = None,
+    trace: Trace = None,
     prefix: str = "encoder.0",
 ) -> tuple[np.ndarray, Cache]:
-    """One encoder layer (section 3.1): self-attention, then the feed-forward network.
+    """One encoder layer (section 3.1): self-attention, then the feed-forward network, each a
+    residual sublayer."""
+    h, placement = spec.n_heads, spec.norm
 
-    post-LN: x <- LN1(x + SelfAttn(x)), x <- LN2(x + FFN(x)).
-    pre-LN:  x <- x + SelfAttn(LN1(x)),  x <- x + FFN(LN2(x)).
-    """
-    c: Cache = {"x": x}
-    if spec.norm == "post":
-        a, c["attn"] = multi_head_attention(x, x, _sub(p, "self_attn"), mask, spec.n_heads)
-        _record(trace, f"{prefix}.self_attn", a)
-        c["z1"] = x + a
-        x1 = _norm(c["z1"], p, "norm1", spec)
-        _record(trace, f"{prefix}.norm1", x1)
-        f, c["ff"] = feed_forward(x1, p, spec.activation, trace, prefix)
-        c["z2"] = x1 + f
-        out = _norm(c["z2"], p, "norm2", spec)
-        _record(trace, f"{prefix}.norm2", out)
-    else:
-        n1 = _norm(x, p, "norm1", spec)
-        _record(trace, f"{prefix}.norm1", n1)
-        a, c["attn"] = multi_head_attention(n1, n1, _sub(p, "self_attn"), mask, spec.n_heads)
-        _record(trace, f"{prefix}.self_attn", a)
-        c["x1"] = x + a
-        n2 = _norm(c["x1"], p, "norm2", spec)
-        _record(trace, f"{prefix}.norm2", n2)
-        f, c["ff"] = feed_forward(n2, p, spec.activation, trace, prefix)
-        out = c["x1"] + f
-    _record(trace, prefix, out)
-    return out, c
+    def norm(name: str) -> Callable:
+        return traced(trace, f"{prefix}.{name}", _norm(p, name, spec))
+
+    def self_attention(x: np.ndarray) -> tuple[np.ndarray, Cache]:
+        return multi_head_attention(x, x, _sub(p, "self_attn"), mask, h)
+
+    def ffn(x: np.ndarray) -> tuple[np.ndarray, Cache]:
+        return feed_forward(x, p, spec.activation, trace, prefix)
+
+    x, c_self = residual(
+        x, traced(trace, f"{prefix}.self_attn", self_attention), norm("norm1"), placement
+    )
+    x, c_ff = residual(x, ffn, norm("norm2"), placement)
+    if trace is not None:
+        trace[prefix] = x
+    return x, {"self": c_self, "ff": c_ff}
 
 
 def encoder_layer_bwd(
     dout: np.ndarray, c: Cache, p: dict[str, np.ndarray], spec: ModelSpec
 ) -> tuple[np.ndarray, Grads]:
-    """(dx, grads) of encoder_layer: its sublayers' backwards in reverse, each residual adding
-    the gradient that skips the sublayer."""
+    """(dx, grads) of encoder_layer: its residual sublayers' backwards in reverse."""
     g: Grads = {}
-    h, act = spec.n_heads, spec.activation
-    if spec.norm == "post":
-        dz2 = _norm_bwd(dout, c["z2"], p, "norm2", spec, g)  # out = LN2(z2), z2 = x1 + FFN(x1)
-        dx1_ff, g_ff = feed_forward_bwd(dz2, c["ff"], p, act)
-        dz1 = _norm_bwd(dz2 + dx1_ff, c["z1"], p, "norm1", spec, g)  # x1 = LN1(x + SelfAttn(x))
-        dq, dkv, g_attn = multi_head_attention_bwd(dz1, c["attn"], _sub(p, "self_attn"), h)
-        dx = dz1 + dq + dkv
-    else:
-        dn2, g_ff = feed_forward_bwd(dout, c["ff"], p, act)  # out = x1 + FFN(LN2(x1))
-        dx1 = dout + _norm_bwd(dn2, c["x1"], p, "norm2", spec, g)
-        dq, dkv, g_attn = multi_head_attention_bwd(dx1, c["attn"], _sub(p, "self_attn"), h)
-        dx = dx1 + _norm_bwd(dq + dkv, c["x"], p, "norm1", spec, g)  # x1 = x + SelfAttn(LN1(x))
-    g.update(g_ff)
-    into(g, "self_attn", g_attn)
+    h, placement = spec.n_heads, spec.norm
+
+    def self_attention_bwd(d: np.ndarray, cache: Cache) -> tuple[np.ndarray, ...]:
+        dq, dkv, g_attn = multi_head_attention_bwd(d, cache, _sub(p, "self_attn"), h)
+        into(g, "self_attn", g_attn)
+        return dq, dkv
+
+    def ffn_bwd(d: np.ndarray, cache: Cache) -> tuple[np.ndarray, ...]:
+        dx, g_ff = feed_forward_bwd(d, cache, p, spec.activation)
+        g.update(g_ff)
+        return (dx,)
+
+    dx = residual_bwd(dout, c["ff"], ffn_bwd, _norm_bwd(p, "norm2", spec, g), placement)
+    dx = residual_bwd(dx, c["self"], self_attention_bwd, _norm_bwd(p, "norm1", spec, g), placement)
     return dx, g
 
 
@@ -207,95 +269,73 @@ def decoder_layer(
     self_mask: np.ndarray,
     cross_mask: np.ndarray,
     spec: ModelSpec,
-    trace: dict | None = None,
+    trace: Trace = None,
     prefix: str = "decoder.0",
-    past: tuple[np.ndarray, np.ndarray] | None = None,
-    cross_kv: tuple[np.ndarray, np.ndarray] | None = None,
+    self_kv: Callable[[np.ndarray], KV] | None = None,
+    cross_kv: KV | None = None,
 ) -> tuple[np.ndarray, Cache]:
-    """One decoder layer (section 3.1): masked self-attention, cross-attention over the encoder's
-    output `memory`, then the feed-forward network.
+    """One decoder layer (section 3.1): masked self-attention, attention over the encoder's
+    output `memory`, then the feed-forward network, each a residual sublayer.
 
-    post-LN: y <- LN1(y + SelfAttn(y)), y <- LN2(y + CrossAttn(y, m)), y <- LN3(y + FFN(y)).
-    pre-LN:  y <- y + SelfAttn(LN1(y)), y <- y + CrossAttn(LN2(y), m), y <- y + FFN(LN3(y)).
-
-    Decoding one position at a time: `past` holds the self-attention heads K, V of the earlier
-    positions (the new position's are appended) and `cross_kv` the heads of the memory; the
-    returned cache's ['self']['K'], ['self']['V'] are then the extended ones.
+    Decoding (oracle.decoding) supplies the keys and values instead of projecting them here:
+    `self_kv` maps the self-attention's input to its heads (the cached positions' and the new
+    one's), `cross_kv` is the memory's heads; then `memory` is not read.
     """
-    h = spec.n_heads
+    h, placement = spec.n_heads, spec.norm
+
+    def norm(name: str) -> Callable:
+        return traced(trace, f"{prefix}.{name}", _norm(p, name, spec))
 
     def self_attention(x: np.ndarray) -> tuple[np.ndarray, Cache]:
-        sp = _sub(p, "self_attn")
-        kv = None
-        if past is not None:
-            K_new, V_new = key_value_heads(x, sp, h)
-            kv = (
-                np.concatenate([past[0], K_new], axis=2),
-                np.concatenate([past[1], V_new], axis=2),
-            )
-        return multi_head_attention(x, x, sp, self_mask, h, kv)
+        kv = None if self_kv is None else self_kv(x)
+        return multi_head_attention(x, x, _sub(p, "self_attn"), self_mask, h, kv)
 
     def cross_attention(x: np.ndarray) -> tuple[np.ndarray, Cache]:
         return multi_head_attention(x, memory, _sub(p, "cross_attn"), cross_mask, h, cross_kv)
 
-    c: Cache = {"y": y}
-    if spec.norm == "post":
-        a, c["self"] = self_attention(y)
-        _record(trace, f"{prefix}.self_attn", a)
-        c["z1"] = y + a
-        y1 = _norm(c["z1"], p, "norm1", spec)
-        _record(trace, f"{prefix}.norm1", y1)
-        b, c["cross"] = cross_attention(y1)
-        _record(trace, f"{prefix}.cross_attn", b)
-        c["z2"] = y1 + b
-        y2 = _norm(c["z2"], p, "norm2", spec)
-        _record(trace, f"{prefix}.norm2", y2)
-        f, c["ff"] = feed_forward(y2, p, spec.activation, trace, prefix)
-        c["z3"] = y2 + f
-        out = _norm(c["z3"], p, "norm3", spec)
-        _record(trace, f"{prefix}.norm3", out)
-    else:
-        n1 = _norm(y, p, "norm1", spec)
-        _record(trace, f"{prefix}.norm1", n1)
-        a, c["self"] = self_attention(n1)
-        _record(trace, f"{prefix}.self_attn", a)
-        c["y1"] = y + a
-        n2 = _norm(c["y1"], p, "norm2", spec)
-        _record(trace, f"{prefix}.norm2", n2)
-        b, c["cross"] = cross_attention(n2)
-        _record(trace, f"{prefix}.cross_attn", b)
-        c["y2"] = c["y1"] + b
-        n3 = _norm(c["y2"], p, "norm3", spec)
-        _record(trace, f"{prefix}.norm3", n3)
-        f, c["ff"] = feed_forward(n3, p, spec.activation, trace, prefix)
-        out = c["y2"] + f
-    _record(trace, prefix, out)
-    return out, c
+    def ffn(x: np.ndarray) -> tuple[np.ndarray, Cache]:
+        return feed_forward(x, p, spec.activation, trace, prefix)
+
+    y, c_self = residual(
+        y, traced(trace, f"{prefix}.self_attn", self_attention), norm("norm1"), placement
+    )
+    y, c_cross = residual(
+        y, traced(trace, f"{prefix}.cross_attn", cross_attention), norm("norm2"), placement
+    )
+    y, c_ff = residual(y, ffn, norm("norm3"), placement)
+    if trace is not None:
+        trace[prefix] = y
+    return y, {"self": c_self, "cross": c_cross, "ff": c_ff}
 
 
 def decoder_layer_bwd(
     dout: np.ndarray, c: Cache, p: dict[str, np.ndarray], spec: ModelSpec
 ) -> tuple[np.ndarray, np.ndarray, Grads]:
-    """(dy, dmemory, grads) of decoder_layer (full-sequence mode): the sublayers' backwards in
-    reverse; the cross-attention's key/value gradient is the memory's."""
+    """(dy, dmemory, grads) of decoder_layer (full-sequence mode): the residual sublayers'
+    backwards in reverse; the cross-attention's key/value gradient is the memory's."""
     g: Grads = {}
-    h, act = spec.n_heads, spec.activation
-    if spec.norm == "post":
-        dz3 = _norm_bwd(dout, c["z3"], p, "norm3", spec, g)  # out = LN3(y2 + FFN(y2))
-        dy2_ff, g_ff = feed_forward_bwd(dz3, c["ff"], p, act)
-        dz2 = _norm_bwd(dz3 + dy2_ff, c["z2"], p, "norm2", spec, g)  # y2 = LN2(y1 + Cross(y1, m))
-        dq, dmemory, g_cross = multi_head_attention_bwd(dz2, c["cross"], _sub(p, "cross_attn"), h)
-        dz1 = _norm_bwd(dz2 + dq, c["z1"], p, "norm1", spec, g)  # y1 = LN1(y + SelfAttn(y))
-        dq, dkv, g_self = multi_head_attention_bwd(dz1, c["self"], _sub(p, "self_attn"), h)
-        dy = dz1 + dq + dkv
-    else:
-        dn3, g_ff = feed_forward_bwd(dout, c["ff"], p, act)  # out = y2 + FFN(LN3(y2))
-        dy2 = dout + _norm_bwd(dn3, c["y2"], p, "norm3", spec, g)
-        dq, dmemory, g_cross = multi_head_attention_bwd(dy2, c["cross"], _sub(p, "cross_attn"), h)
-        dy1 = dy2 + _norm_bwd(dq, c["y1"], p, "norm2", spec, g)  # y2 = y1 + Cross(LN2(y1), m)
-        dq, dkv, g_self = multi_head_attention_bwd(dy1, c["self"], _sub(p, "self_attn"), h)
-        dy = dy1 + _norm_bwd(dq + dkv, c["y"], p, "norm1", spec, g)  # y1 = y + SelfAttn(LN1(y))
-    g.update(g_ff)
-    into(g, "self_attn", g_self)
-    into(g, "cross_attn", g_cross)
-    return dy, dmemory, g
+    h, placement = spec.n_heads, spec.norm
+    dmemory: list[np.ndarray] = []
+
+    def self_attention_bwd(d: np.ndarray, cache: Cache) -> tuple[np.ndarray, ...]:
+        dq, dkv, g_attn = multi_head_attention_bwd(d, cache, _sub(p, "self_attn"), h)
+        into(g, "self_attn", g_attn)
+        return dq, dkv
+
+    def cross_attention_bwd(d: np.ndarray, cache: Cache) -> tuple[np.ndarray, ...]:
+        dq, dm, g_attn = multi_head_attention_bwd(d, cache, _sub(p, "cross_attn"), h)
+        into(g, "cross_attn", g_attn)
+        dmemory.append(dm)
+        return (dq,)
+
+    def ffn_bwd(d: np.ndarray, cache: Cache) -> tuple[np.ndarray, ...]:
+        dx, g_ff = feed_forward_bwd(d, cache, p, spec.activation)
+        g.update(g_ff)
+        return (dx,)
+
+    dy = residual_bwd(dout, c["ff"], ffn_bwd, _norm_bwd(p, "norm3", spec, g), placement)
+    dy = residual_bwd(
+        dy, c["cross"], cross_attention_bwd, _norm_bwd(p, "norm2", spec, g), placement
+    )
+    dy = residual_bwd(dy, c["self"], self_attention_bwd, _norm_bwd(p, "norm1", spec, g), placement)
+    return dy, dmemory[0], g

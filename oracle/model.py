@@ -131,7 +131,7 @@ def decoder_stack_bwd(params: Params, dlogits: np.ndarray, cache: Cache, g: Grad
     """Backward through decoder_stack from dL/dlogits: the decoder's gradients (output layer
     included) added into g; returns dL/dmemory."""
     spec = params.spec
-    dy, dW_out, _ = linear_bwd(dlogits, cache["y"], params.arrays[params.out_table], False)
+    dy, dW_out, _ = linear_bwd(dlogits, cache["y"], params.arrays[params.out_table])
     _add(g, params.out_table, dW_out)
     if spec.norm == "pre":
         dy, g["dec_norm.weight"], g["dec_norm.bias"] = layer_norm_bwd(

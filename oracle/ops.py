@@ -9,6 +9,7 @@ and returns the gradients with respect to its inputs, in the forward's argument 
 from __future__ import annotations
 
 import numpy as np
+import numpy.typing as npt
 
 # The real dtypes the oracle computes in: float64, and longdouble for the error-budget test.
 FLOATS = (np.dtype(np.float64), np.dtype(np.longdouble))
@@ -27,7 +28,7 @@ def _const(x: np.ndarray, value: float) -> np.floating:
 # --- Input: embeddings and positions (section 3.4, 3.5) -------------------------------------------
 
 
-def positional_encoding(max_len: int, d: int, dtype: np.dtype = np.float64) -> np.ndarray:
+def positional_encoding(max_len: int, d: int, dtype: npt.DTypeLike = np.float64) -> np.ndarray:
     """PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d)) (section 3.5)."""
     dtype = np.dtype(dtype)
     p = np.arange(max_len, dtype=dtype)[:, None]  # [max_len, 1]
@@ -71,15 +72,16 @@ def linear(x: np.ndarray, W: np.ndarray, b: np.ndarray | None) -> np.ndarray:
 
 
 def linear_bwd(
-    dy: np.ndarray, x: np.ndarray, W: np.ndarray, has_bias: bool = True
-) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """dx = dy W, dW = dy^T x, db = sum of dy over positions."""
+    dy: np.ndarray, x: np.ndarray, W: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dx = dy W, dW = dy^T x, db = sum of dy over positions (a layer without a bias ignores
+    it)."""
     _real(dy, x, W)
     dy2 = dy.reshape(-1, W.shape[0])
     x2 = x.reshape(-1, W.shape[1])
     dx = (dy2 @ W).reshape(x.shape)
     dW = dy2.T @ x2
-    db = dy2.sum(axis=0) if has_bias else None
+    db = dy2.sum(axis=0)
     return dx, dW, db
 
 

@@ -78,7 +78,8 @@ def _attention(
         kernel = _get(flat, f"{name}/{part}/kernel", (x.shape[-1], h, d_k))
         bias = _get(flat, f"{name}/{part}/bias", (h, d_k))
         heads.append(np.einsum("...ti,ihk->...htk", x, kernel) + bias[:, None, :])
-    out, _ = scaled_dot_product_attention(*heads, mask)  # [.., h, T_q, d_k]
+    Q, K, V = heads
+    out, _ = scaled_dot_product_attention(Q, K, V, mask)  # [.., h, T_q, d_k]
     out_kernel = _get(flat, f"{name}/out/kernel", (h, d_k, d))
     return np.einsum("...htk,hko->...to", out, out_kernel) + _get(flat, f"{name}/out/bias", (d,))
 

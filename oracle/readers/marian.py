@@ -111,10 +111,11 @@ def _tables(arrays: dict[str, np.ndarray], config: Any, prefix: str) -> dict[str
         found[name] = shared if found[name] is None else found[name]
     if found["out.weight"] is None and config_value(config, "tie_word_embeddings") is not False:
         found["out.weight"] = found["tgt_emb.weight"]
-    missing = [name for name, table in found.items() if table is None]
+    tables = {name: table for name, table in found.items() if table is not None}
+    missing = [name for name in found if name not in tables]
     if missing:
         raise ValueError(f"Marian state_dict lacks the tables for {missing}")
-    return found
+    return tables
 
 
 def _tie(tables: dict[str, np.ndarray]) -> str:
