@@ -56,6 +56,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "translate": ("demos.train", "a trained model's answer to one sum"),
     "ln-demo": ("demos.ln_demo", "post-LN vs pre-LN without warmup, then post-LN with warmup"),
     "depth-demo": ("demos.depth_demo", "shared-weight post-norm vs pre-norm stacks over depth"),
+    "milestone": ("demos.milestone", "MS-L5 over seeds x norms, float32 and float64 (results/)"),
 }
 
 
