@@ -33,394 +33,49 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 import oracle
+from harness.shared_tests.diagnosis_answer import (
+    Answer,
+    Candidate,
+    Finding,
+    judge,
+    read_answer,
+    relative,
+)
+from harness.shared_tests.diagnosis_faults import (
+    COMMON_EPS,
+    attention_candidates,
+    embedding_causes,
+    extra_final_norm,
+    final_norm,
+    hypothesis,
+    missing_final_norm,
+    norm_candidates,
+    reads_memory,
+)
 from harness.shared_tests.inputs import forward_inputs, golden_inputs, golden_weights
 from harness.shared_tests.layout import TIME_FIRST, batch_first
 from harness.shared_tests.record import Call, Failure
 from harness.shared_tests.verdicts import (
     assert_holds,
-    errors,
-    listing,
     read_params,
     tolerance,
-    unwrapped,
 )
-from oracle.layers import decoder_layer, encoder_layer, multi_head_attention
+from oracle.layers import decoder_layer, encoder_layer
 from oracle.model import embed, output_logits, source_attention_mask, target_attention_mask
-from oracle.ops import gelu, layer_norm, log_softmax, positional_encoding, relu
-
-# A value that differs from the contract's by more than float64 rounding but by less than this
-# (relative to its scale) differs by float32 rounding: 2^-24 = 6e-8 per operation, compounded
-# over the few operations of a table or a norm, stays far below 1e-5, and every fault of the
-# model itself (a wrong constant, a missing term) moves values by 1e-3 or more.
-FLOAT32_LEVEL = 1e-5
-
-# LayerNorm epsilons that implementations hard-code instead of cfg.ln_eps: torch's default, the
-# Annotated Transformer's, TensorFlow's and Hugging Face's, and none.
-COMMON_EPS = (1e-5, 1e-6, 1e-3, 1e-12, 0.0)
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A value the subject's module may return at a boundary: an accepted form (cause "") or a
-    known fault, with the cause said in the student's terms."""
-
-    label: str
-    value: np.ndarray
-    cause: str = ""
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One judged point of the forward pass."""
-
-    where: str  # a contract module name, or "x0 (source)", "logits"
-    error: float  # max abs error against the contract's value, relative to its scale
-    matched: str = ""  # the accepted form it returns, when it returns one
-    cause: str = ""  # the classic cause, when a known fault fits
-    own: bool = False  # the form it returns is the contract's own boundary
-
-    @property
-    def departs(self) -> bool:
-        return not self.matched
-
-
-def relative(got: np.ndarray, want: np.ndarray, mask: np.ndarray) -> float:
-    """max |got - want| over real positions, over max(1, max |want|); inf for a bad shape."""
-    if got.shape != want.shape:
-        return math.inf
-    err, scale = errors(got, want, mask)
-    return float(err.max(initial=0.0)) / scale
-
-
-def judge(
-    where: str, got: np.ndarray, candidates: list[Candidate], mask: np.ndarray, tol: float
-) -> Finding:
-    """Which candidate `got` is, within `tol`: the first accepted form it matches, else a
-    departure whose error is against the first (the contract's own) value, with the cause of
-    the known fault it matches, if any."""
-    got = np.asarray(got, dtype=np.float64)
-    contract = relative(got, candidates[0].value, mask)
-    for c in candidates:
-        if relative(got, c.value, mask) <= tol:
-            if not c.cause:
-                return Finding(where, contract, matched=c.label, own=c is candidates[0])
-            return Finding(where, contract, cause=c.cause)
-    want = candidates[0].value
-    if got.shape != want.shape:  # a sequence-first layout, say
-        return Finding(where, contract, cause=f"shape {got.shape}, expected {want.shape}")
-    return Finding(where, contract)
-
+from oracle.ops import gelu, layer_norm, log_softmax, relu
 
 # --- the known faults, as candidates ------------------------------------------------------------
-
-
-def norm_candidates(z: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> list:
-    """LN(z) and the LayerNorms written by hand or configured wrongly."""
-    mu = z.mean(axis=-1, keepdims=True)
-    zc = z - mu
-    var, n = (zc * zc).mean(axis=-1, keepdims=True), z.shape[-1]
-    out = [Candidate("LN", layer_norm(z, gamma, beta, eps))]
-    out.append(
-        Candidate(
-            "unbiased",
-            zc / np.sqrt(var * n / (n - 1) + eps) * gamma + beta,
-            "a LayerNorm with the unbiased variance (divided by d - 1, torch's x.std()): use "
-            "the biased variance, as nn.LayerNorm does",
-        )
-    )
-    out.append(
-        Candidate(
-            "eps outside",
-            zc / (np.sqrt(var) + eps) * gamma + beta,
-            "a LayerNorm that adds eps to the standard deviation, (x - mean) / (std + eps): "
-            "eps goes inside the square root, (x - mean) / sqrt(var + eps)",
-        )
-    )
-    out.append(
-        Candidate(
-            "the Annotated Transformer's",
-            zc / (np.sqrt(var * n / (n - 1)) + eps) * gamma + beta,
-            "a LayerNorm with the unbiased variance and eps added to the standard deviation, "
-            "(x - mean) / (x.std() + eps), the Annotated Transformer's: use the biased "
-            "variance with eps inside the square root, as nn.LayerNorm does",
-        )
-    )
-    for other in COMMON_EPS:
-        if other != eps:
-            out.append(
-                Candidate(
-                    f"eps {other:g}",
-                    layer_norm(z, gamma, beta, other),
-                    f"a LayerNorm with eps {other:g}, not cfg.ln_eps = {eps:g}: pass "
-                    "eps=cfg.ln_eps to every LayerNorm",
-                )
-            )
-    return out
-
-
-def attention_candidates(
-    q: np.ndarray, kv: np.ndarray, p: dict, mask: np.ndarray, h: int, causal: bool
-) -> list[Candidate]:
-    """The attention faults a module's output may show, from its own inputs."""
-    B, T = q.shape[:2]
-    S = kv.shape[1]
-    out = []
-    everything = np.ones((B, 1, T, S), dtype=bool)
-    out.append(
-        Candidate(
-            "no mask",
-            multi_head_attention(q, kv, p, everything, h)[0],
-            "attention applies no mask: "
-            + ("the decoder reads future positions" if causal else "padded keys are read"),
-        )
-    )
-    if causal:
-        pad = mask[..., -1:, :].repeat(T, axis=-2)  # the last query's keys: every real one
-        for k, cause in ((1, "sees one position ahead"), (-1, "hides the position itself")):
-            shifted = np.tril(np.ones((T, S), dtype=bool), k)[None, None] & pad
-            with np.errstate(invalid="ignore"):  # "hides itself": position 0 reads nothing
-                value = multi_head_attention(q, kv, p, shifted, h)[0]
-            out.append(
-                Candidate(
-                    f"causal {k:+d}", value, f"the causal mask is off by one: position t {cause}"
-                )
-            )
-        out.append(
-            Candidate(
-                "padding only",
-                multi_head_attention(q, kv, p, pad, h)[0],
-                "the decoder's self-attention masks padding but not the future",
-            )
-        )
-    scaled = {**p}
-    for k in ("q_proj.weight", "q_proj.bias"):
-        scaled[k] = p[k] / math.sqrt(h)  # scores / sqrt(d_model) = (Q / sqrt(h)) K^T / sqrt(d_k)
-    out.append(
-        Candidate(
-            "sqrt(d_model)",
-            multi_head_attention(q, kv, scaled, mask, h)[0],
-            "the scores are divided by sqrt(d_model), not sqrt(d_k) = sqrt(d_model / n_heads)",
-        )
-    )
-    return out
-
-
-def embedding_causes(
-    got: np.ndarray, params: Any, table: str, ids: np.ndarray, mask: np.ndarray, tol: float
-) -> str:
-    """The classic reasons x0 differs from E[ids] sqrt(d) + PE, as '; <cause>' or ''."""
-    E, d, T = params.arrays[table], params.spec.d_model, ids.shape[1]
-    pe = positional_encoding(T, d)
-    lookups = E[ids]
-    evens = np.arange(0, d, 2)
-    angles = np.arange(T)[:, None] / 10000.0 ** (evens / d)
-    halves = np.concatenate([np.sin(angles), np.cos(angles)[:, : d // 2]], axis=-1)
-    from_one = positional_encoding(T + 1, d)[1:]
-    faults = [
-        (lookups + pe, "the embeddings are not multiplied by sqrt(d_model)"),
-        (lookups * math.sqrt(d), "no positional encoding is added"),
-        (
-            lookups * math.sqrt(d) + halves,
-            "the positional table puts sin in the first half and cos in the second: "
-            "interleave them, PE[p, 2i] = sin, PE[p, 2i+1] = cos",
-        ),
-        (
-            lookups * math.sqrt(d) + from_one,
-            "positions count from 1: the first position is p = 0",
-        ),
-    ]
-    for value, cause in faults:
-        if relative(got, value, mask) <= tol:
-            return f"; {cause}"
-    err = relative(got, lookups * math.sqrt(d) + pe, mask)
-    if err <= FLOAT32_LEVEL:
-        return (
-            f"; an error this small ({err:.2g} of the values' scale) is float32 rounding: the "
-            "positional table (or the sqrt(d) factor) is computed in float32 while the model "
-            "runs in float64. Compute it in the parameters' dtype, e.g. register it as a buffer "
-            "(persistent=False) so that .double() converts it, or build it with the embedding's "
-            "dtype"
-        )
-    return ""
 
 
 # --- the re-anchored walk -----------------------------------------------------------------------
 
 
-@dataclass
-class Answer:
-    """The probe's answer read in the contract's layout (`read_answer`), with the oracle's
-    reading of the subject's weights: every value float64 and batch-first, of the shape the
-    contract gives its boundary; a value that could not be read is absent (None)."""
-
-    params: Any
-    inputs: dict[str, list[np.ndarray | None]]
-    outputs: dict[str, np.ndarray]
-    order: list[str]
-    tol: float
-    state: dict = dataclasses.field(default_factory=dict)  # the weights as the subject names them
-
-    def input(self, name: str, i: int = 0) -> np.ndarray | None:
-        found = self.inputs.get(name) or []
-        return found[i] if len(found) > i else None
-
-
 # --- the answer in the contract's layout --------------------------------------------------------
-
-
-def boundary_shapes(spec: Any, b: dict) -> dict[str, tuple[tuple, list[tuple]]]:
-    """Each contract module's output shape and its inputs' (the query, then the keys' source),
-    batch-first, for the batch b."""
-    B, S = b["src"].shape
-    T = b["tgt_in"].shape[1]
-    d, f = spec.d_model, spec.d_ff
-    memory = (B, S, d)
-    shapes: dict[str, tuple[tuple, list[tuple]]] = {}
-    for kind, n, L, top in (
-        ("encoder", spec.n_enc, S, "enc_norm"),
-        ("decoder", spec.n_dec, T, "dec_norm"),
-    ):
-        x = (B, L, d)
-        for i in range(n):
-            p = f"{kind}.{i}"
-            shapes[p] = (x, [x, memory] if kind == "decoder" else [x])
-            shapes[f"{p}.self_attn"] = (x, [x, x])
-            if kind == "decoder":
-                shapes[f"{p}.cross_attn"] = (x, [x, memory])
-            for norm in ("norm1", "norm2", "norm3")[: 3 if kind == "decoder" else 2]:
-                shapes[f"{p}.{norm}"] = (x, [x])
-            shapes[f"{p}.linear1"] = ((B, L, f), [x])
-            shapes[f"{p}.linear2"] = (x, [(B, L, f)])
-        shapes[top] = (x, [x])
-    shapes["out"] = ((B, T, spec.tgt_vocab), [(B, T, spec.d_model)])
-    return shapes
-
-
-def contract_values(params: Any, b: dict) -> dict[tuple[str, int], np.ndarray]:
-    """The contract's value at each boundary, by (module, slot): slot -1 its output, 0 its
-    input, 1 the memory it reads. Only read to tell batch-first from time-first where the shapes
-    cannot (as many positions as rows); sublayers' inputs are left out."""
-    spec = params.spec
-    logits, trace = oracle.forward(
-        params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"], trace=True
-    )
-    memory = trace["enc_norm"] if spec.norm == "pre" else trace[f"encoder.{spec.n_enc - 1}"]
-    top = trace["dec_norm"] if spec.norm == "pre" else trace[f"decoder.{spec.n_dec - 1}"]
-    out = {(name, -1): value for name, value in trace.items()}
-    out[("out", -1)], out[("out", 0)] = logits, top
-    for kind, n, table, ids in (
-        ("encoder", spec.n_enc, params.src_table, b["src"]),
-        ("decoder", spec.n_dec, params.tgt_table, b["tgt_in"]),
-    ):
-        stream = embed(params, table, ids)
-        for i in range(n):
-            out[(f"{kind}.{i}", 0)] = stream
-            stream = trace[f"{kind}.{i}"]
-            if kind == "decoder":
-                out[(f"{kind}.{i}", 1)] = out[(f"{kind}.{i}.cross_attn", 1)] = memory
-        out[("enc_norm" if kind == "encoder" else "dec_norm", 0)] = stream
-    return out
-
-
-@dataclass
-class Reading:
-    """How the hooked values were read: the boundaries that could not be (with why), and
-    whether any was recorded time-first."""
-
-    unjudged: list[tuple[str, str]] = dataclasses.field(default_factory=list)
-    time_first: bool = False
-
-    def note(self) -> str:
-        """' (...time-first...)' and '; X: not judged: why' for the line's end."""
-        said = ""
-        if self.time_first:
-            said += (
-                " (hooked values recorded time-first, [T, B, C], are judged in the contract's "
-                "batch-first layout)"
-            )
-        by_reason: dict[str, list[str]] = {}
-        for where, why in self.unjudged:
-            by_reason.setdefault(why, []).append(where)
-        for why, where in list(by_reason.items())[:3]:
-            said += f"; {listing(where)}: not judged: {why}"
-        if len(by_reason) > 3:
-            more = sum(len(w) for w in list(by_reason.values())[3:])
-            said += f"; {more} more boundaries not judged"
-        return said
-
-
-def read_answer(answer: dict[str, Any], params: Any, b: dict, tol: float) -> tuple[Answer, Reading]:
-    """The probe's hooked values in the contract's layout (layout.batch_first): each output
-    and input float64 and batch-first, or absent with the reason said in the Reading. A
-    value recorded under a name the contract does not have is ignored."""
-    reading = Reading()
-    outputs_in, inputs_in = answer.get("outputs"), answer.get("inputs")
-    for what, value in (("outputs", outputs_in), ("inputs", inputs_in)):
-        if value is not None and not isinstance(value, dict):
-            reading.unjudged.append(
-                (f"the hooked {what}", f"a {type(value).__name__}, not a mapping")
-            )
-    outputs_in = outputs_in if isinstance(outputs_in, dict) else {}
-    inputs_in = inputs_in if isinstance(inputs_in, dict) else {}
-    shapes = boundary_shapes(params.spec, b)
-    want = contract_values(params, b) if outputs_in or inputs_in else {}
-
-    def arranged(where: str, value: Any, shape: tuple, key: tuple, mask, quiet=False):
-        """The value batch-first in float64, or None (said unless `quiet`)."""
-        array, layout, why = batch_first(value, shape, want.get(key), mask)
-        if array is not None and np.iscomplexobj(array):
-            array, why = None, f"complex values (dtype {array.dtype})"
-        if array is None:
-            if not quiet:
-                reading.unjudged.append((where, why))
-            return None
-        reading.time_first |= layout == TIME_FIRST
-        return np.asarray(array, dtype=np.float64)
-
-    outputs: dict[str, np.ndarray] = {}
-    inputs: dict[str, list[np.ndarray | None]] = {}
-    for name, (out_shape, in_shapes) in shapes.items():
-        mask = b["src_mask"] if name.startswith(("encoder", "enc_norm")) else b["tgt_mask"]
-        if name in outputs_in:
-            value = arranged(name, outputs_in[name], out_shape, (name, -1), mask)
-            if value is not None:
-                outputs[name] = value
-        recorded = inputs_in.get(name)
-        if recorded is None:
-            continue
-        if not isinstance(recorded, list | tuple):
-            reading.unjudged.append(
-                (f"{name}'s inputs", f"a {type(recorded).__name__}, not a list")
-            )
-            continue
-        found = (
-            [arranged(f"{name}'s input", recorded[0], in_shapes[0], (name, 0), mask)]
-            if recorded
-            else []
-        )
-        if len(recorded) > 1 and len(in_shapes) > 1:
-            # the second argument: the keys' source when it has their shape, else (a mask, say)
-            # nothing the diagnosis reads
-            memory_mask = mask if name.endswith("self_attn") else b["src_mask"]
-            found.append(
-                arranged("", recorded[1], in_shapes[1], (name, 1), memory_mask, quiet=True)
-            )
-        inputs[name] = found
-    modules = answer.get("modules")
-    order = (
-        [n for n in modules if isinstance(n, str) and n in outputs]
-        if isinstance(modules, list | tuple)
-        else []
-    )
-    order += [n for n in outputs if n not in order]
-    return Answer(params, inputs, outputs, order, tol), reading
 
 
 def layer_candidates(
@@ -617,32 +272,6 @@ def walk(a: Answer, b: dict[str, np.ndarray]) -> list[Finding]:
     return found
 
 
-def reads_memory(where: str, norm: str) -> bool:
-    """Whether a finding inside a decoder layer is at or after its cross-attention (reading the
-    memory) in order of computation (post-LN's norm2 follows it, pre-LN's precedes it)."""
-    sub = where.split(".", 2)[2] if where.count(".") >= 2 else ""
-    after = ("cross_attn", "linear1", "linear2", "norm3", "") + (
-        ("norm2",) if norm == "post" else ()
-    )
-    return sub in after
-
-
-def missing_final_norm(top: str) -> str:
-    """A pre-LN stack's final norm never applied, said with what reads the stream."""
-    if top == "enc_norm":
-        return "enc_norm is never applied: the decoder reads the encoder's last layer un-normalised"
-    return (
-        "dec_norm is never applied: the output layer reads the decoder's last layer un-normalised"
-    )
-
-
-def extra_final_norm(kind: str) -> str:
-    return (
-        f"a final LayerNorm after the {kind} in a post-LN model: the contract has none "
-        f"(nn.Transformer{kind.capitalize()}(norm=...) adds one: pass norm=None)"
-    )
-
-
 def memory_reader(a: Answer) -> tuple[str, np.ndarray | None]:
     """The first hooked module that reads the memory, and the memory it read."""
     for i in range(a.params.spec.n_dec):
@@ -651,22 +280,6 @@ def memory_reader(a: Answer) -> tuple[str, np.ndarray | None]:
             if read is not None:
                 return name, read
     return "", None
-
-
-def final_norm(a: Answer, top: str) -> tuple[np.ndarray, np.ndarray]:
-    """The weights of a stack's final norm: the contract's (pre-LN); in a post-LN model, those
-    of the extra norm as the subject names it (nn.Transformer's encoder.norm), else unit gains."""
-    arrays = a.params.arrays
-    if f"{top}.weight" in arrays:
-        return arrays[f"{top}.weight"], arrays[f"{top}.bias"]
-    d = a.params.spec.d_model
-    state = unwrapped(a.state)
-    for name in (top, "encoder.norm" if top == "enc_norm" else "decoder.norm"):
-        weight, bias = state.get(f"{name}.weight"), state.get(f"{name}.bias")
-        if weight is not None and np.shape(weight) == (d,):
-            bias = np.zeros(d) if bias is None else bias
-            return np.asarray(weight, dtype=np.float64), np.asarray(bias, dtype=np.float64)
-    return np.ones(d), np.zeros(d)
 
 
 def stream_finding(
@@ -814,125 +427,6 @@ def divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]) -> s
 
 
 # --- without hooks: whole-model hypotheses -----------------------------------------------------
-
-
-def variant_forward(
-    params: Any,
-    b: dict,
-    eps: dict[str, float],
-    spec: Any = None,
-    tops: dict[str, tuple | None] | None = None,
-) -> np.ndarray:
-    """The contract's forward pass with `spec` for the layers and, per LayerNorm (a layer's
-    prefix, 'enc_norm' or 'dec_norm'), its own eps: the model a hypothesis describes. `tops`
-    replaces a stack's final norm ('enc_norm', 'dec_norm'): None for none, else its (weight,
-    bias); the contract's where not given."""
-    spec = spec or params.spec
-    a = params.arrays
-    at = dataclasses.replace
-    finals: dict[str, tuple | None] = {
-        top: (a[f"{top}.weight"], a[f"{top}.bias"]) if spec.norm == "pre" else None
-        for top in ("enc_norm", "dec_norm")
-    }
-    finals.update(tops or {})
-
-    def final(top: str, z: np.ndarray) -> np.ndarray:
-        norm = finals[top]
-        return z if norm is None else layer_norm(z, *norm, eps.get(top, spec.ln_eps))
-
-    x = embed(dataclasses.replace(params, spec=spec), params.src_table, b["src"])
-    enc_mask = source_attention_mask(b["src_mask"])
-    for i in range(spec.n_enc):
-        s = at(spec, ln_eps=eps.get(f"encoder.{i}", spec.ln_eps))
-        x, _ = encoder_layer(x, params.layer(f"encoder.{i}"), enc_mask, s)
-    x = final("enc_norm", x)
-    y = embed(dataclasses.replace(params, spec=spec), params.tgt_table, b["tgt_in"])
-    self_mask = target_attention_mask(b["tgt_mask"])
-    for i in range(spec.n_dec):
-        s = at(spec, ln_eps=eps.get(f"decoder.{i}", spec.ln_eps))
-        y, _ = decoder_layer(y, x, params.layer(f"decoder.{i}"), self_mask, enc_mask, s)
-    return output_logits(dataclasses.replace(params, spec=spec), final("dec_norm", y))
-
-
-def final_norm_hypotheses(a: Answer, b: dict) -> Iterator[tuple[str, np.ndarray]]:
-    """(cause, logits) for a stack's final norm never applied (pre-LN) or one too many
-    (post-LN), each named with the first reader of the stream it changes."""
-    params = a.params
-    readers = {"enc_norm": "decoder.0.cross_attn", "dec_norm": "the output layer, out"}
-    if params.spec.norm == "pre":
-        for tops in (("enc_norm",), ("dec_norm",), ("enc_norm", "dec_norm")):
-            said = [f"{missing_final_norm(top)} (its first reader: {readers[top]})" for top in tops]
-            yield "; ".join(said), variant_forward(params, b, {}, tops=dict.fromkeys(tops))
-    else:
-        for tops in (("enc_norm",), ("dec_norm",), ("enc_norm", "dec_norm")):
-            said = [
-                f"{extra_final_norm(kind)} (its first reader: {readers[top]})"
-                for top, kind in (("enc_norm", "encoder"), ("dec_norm", "decoder"))
-                if top in tops
-            ]
-            norms = {top: final_norm(a, top) for top in tops}
-            yield "; ".join(said), variant_forward(params, b, {}, tops=norms)
-
-
-def hypotheses(a: Answer, b: dict) -> Iterator[tuple[str, np.ndarray]]:
-    """(cause, logits) for the classic whole-model faults, one at a time."""
-    params = a.params
-    spec = params.spec
-    at = dataclasses.replace
-    norms = [f"encoder.{i}" for i in range(spec.n_enc)] + [
-        f"decoder.{i}" for i in range(spec.n_dec)
-    ]
-    if spec.norm == "pre":
-        norms += ["enc_norm", "dec_norm"]
-    for other in COMMON_EPS:
-        if other == spec.ln_eps:
-            continue
-        yield (
-            f"every LayerNorm has eps {other:g}, not cfg.ln_eps = {spec.ln_eps:g}",
-            variant_forward(params, b, dict.fromkeys(norms, other)),
-        )
-        for name in norms:
-            what = f"the LayerNorms of {name}" if "." in name else name
-            yield (
-                f"{what} has eps {other:g}, not cfg.ln_eps = {spec.ln_eps:g}: pass "
-                "eps=cfg.ln_eps to every LayerNorm",
-                variant_forward(params, b, {name: other}),
-            )
-    other = "post" if spec.norm == "pre" else "pre"
-    if other == "post":
-        yield (
-            f"the LayerNorm placement: the layers compute post-LN though cfg.norm is '{spec.norm}'",
-            variant_forward(params, b, {}, at(spec, norm="post")),
-        )
-    yield from final_norm_hypotheses(a, b)
-    yield (
-        "the feed-forward's activation is GELU: the contract's is ReLU",
-        variant_forward(params, b, {}, at(spec, activation="gelu")),
-    )
-    yield (
-        "the embeddings are not multiplied by sqrt(d_model)",
-        variant_forward(params, b, {}, at(spec, embed_scale=1.0)),
-    )
-    pe32 = positional_encoding(spec.max_len, spec.d_model).astype(np.float32).astype(np.float64)
-    yield (
-        "the positional table is rounded to float32: compute it in the parameters' dtype",
-        variant_forward(params, b, {}, at(spec, pos_table=pe32)),
-    )
-    want = variant_forward(params, b, {})
-    yield (
-        "the logits are log-probabilities (log_softmax applied): return the raw logits",
-        log_softmax(want),
-    )
-
-
-def hypothesis(a: Answer, b: dict, got: np.ndarray, tol: float) -> str:
-    """The classic fault whose whole model gives the subject's logits, if one does. float32
-    rounding of the table is matched at float32's level, the others at the test's tolerance."""
-    for cause, logits in hypotheses(a, b):
-        bound = FLOAT32_LEVEL if "float32" in cause else tol
-        if relative(got, logits, b["tgt_mask"]) <= bound:
-            return cause
-    return ""
 
 
 def boundaries(found: list[Finding]) -> str:
