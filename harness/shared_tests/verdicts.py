@@ -72,10 +72,17 @@ def unwrapped(state: dict[str, Any]) -> dict[str, Any]:
     return {k[len(prefix) :]: v for k, v in state.items()}
 
 
-# A name of the contract's vocabulary in some layout (a table, the output layer, a layer, a final
-# norm): listed where the layout has none, it is a fault of tying, depth or placement, never an
-# unrelated extra that a value test may read around.
-CONTRACT_WORD = re.compile(r"^(src_emb|tgt_emb|out|enc_norm|dec_norm|encoder\.\d+|decoder\.\d+)\.")
+# A name of the contract's vocabulary in some layout (a table, the output layer, a layer's
+# parameter, a final norm): listed where the layout has none, it is a fault of tying, depth or
+# placement, never an unrelated extra that a value test may read around. Only the contract's
+# whole names: a parameter of the subject's own under a layer's path ('encoder.0.extra.weight')
+# is an extra like any other.
+CONTRACT_WORD = re.compile(
+    r"^(?:(?:src_emb|tgt_emb|out)\.weight"
+    r"|(?:enc_norm|dec_norm)\.(?:weight|bias)"
+    r"|(?:encoder|decoder)\.\d+\.(?:(?:self_attn|cross_attn)\.(?:q_proj|k_proj|v_proj|out_proj)"
+    r"|linear1|linear2|norm1|norm2|norm3)\.(?:weight|bias))$"
+)
 TABLES = ("src_emb.weight", "tgt_emb.weight", "out.weight")
 
 
@@ -113,7 +120,7 @@ def readable(state: dict[str, np.ndarray], cfg: dict) -> tuple[Any, list[str]]:
     try:
         params = oracle.read_state_dict(state, cfg)
     except oracle.StateDictError as e:
-        if e.missing or not e.unexpected or any(CONTRACT_WORD.match(k) for k in e.unexpected):
+        if e.missing or not e.unexpected or any(CONTRACT_WORD.fullmatch(k) for k in e.unexpected):
             raise error from None
         for k in e.unexpected:
             state.pop(k, None)
