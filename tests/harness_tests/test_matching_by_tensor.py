@@ -8,7 +8,12 @@ import torch
 from torch import nn
 
 from harness.isolation.child.probes.base import gradients, parameter_views
-from harness.isolation.child.probes.hooks import SharedCall, contract_modules, first_calls
+from harness.isolation.child.probes.hooks import (
+    SharedCall,
+    contract_modules,
+    first_calls,
+    query_first,
+)
 
 
 class Layer(nn.Module):
@@ -93,3 +98,41 @@ def test_modules_are_found_by_their_parameters_and_one_module_is_hooked_per_call
         after_first = shared.stack[0](x)
     assert np.allclose(seen["encoder.0"]["inputs"][0], x.numpy())
     assert np.allclose(seen["encoder.1"]["inputs"][0], after_first.numpy())
+
+
+def test_the_query_is_recorded_first_whatever_order_the_attention_takes():
+    # OpenNMT's attention is called (key, value, query), fairseq's (query, key, value): the
+    # query is the input shaped as the output, the one passed once beside a memory given twice
+    memory, y = torch.zeros(2, 7, 4), torch.ones(2, 6, 4)
+    out, square = torch.ones(2, 6, 4), torch.zeros(2, 6, 4)  # a memory as long as the target
+
+    def order(tensors, output):
+        return [
+            "memory" if t is memory or t is square else "y" for t in query_first(tensors, output)
+        ]
+
+    assert order([memory, memory, y], out) == ["y", "memory", "memory"]
+    assert order([y, memory, memory], out) == ["y", "memory", "memory"]
+    assert order([y, memory], out) == ["y", "memory"]
+    assert order([memory, y], out) == ["y", "memory"]
+    assert order([y, y, y], out) == ["y", "y", "y"]
+    memory = square
+    assert order([memory, memory, y], out) == ["y", "memory", "memory"]
+    assert order([y, memory], out) == ["y", "memory"]  # no clue but the order: the contract's
+
+
+def test_an_onmt_cross_attention_is_read_with_its_query_and_memory():
+    from realworld import run_set
+
+    from harness.isolation.child import probes
+    from harness.isolation.child.load import from_source
+    from harness.shared_tests.inputs import GOLDEN_SEED, forward_inputs, golden_inputs
+
+    module = from_source(run_set.base_source("onmt.py"), "<onmt>", name="xfmr_onmt_base")
+    name, cfg, b = next(iter(golden_inputs()))
+    answer = probes.PROBES["module_outputs"](module, cfg=cfg, seed=GOLDEN_SEED, **forward_inputs(b))
+    (B, S), T = b["src"].shape, b["tgt_in"].shape[1]
+    assert S != T, "the golden inputs no longer tell the memory from the query by shape"
+    for i in range(cfg["n_dec"]):
+        query, keys = answer["inputs"][f"decoder.{i}.cross_attn"][:2]
+        assert query.shape == (B, T, cfg["d_model"]) and keys.shape == (B, S, cfg["d_model"])

@@ -590,12 +590,13 @@ def layer_step(''',
             "failing": [GOLDEN],
             "dependent": [],
             "diagnosis": ["encoder.0.norm1"],
-            "absent": ["must pass first"],
+            "absent": ["must pass first", "cross_attn's input"],
             "notes": "only the golden pre-LN configuration (ln_eps 1e-3) sees it. The module is "
             "found by what its parameters are (OpenNMT's attribute names, the contract's only in "
             "the state_dict), so the diagnosis can name it. OpenNMT calls its attention as "
-            "(key, value, query), so the cross-attention's first input is the memory: the "
-            "diagnosis may say that boundary is not judged, but no test may be 'not judged'.",
+            "(key, value, query): the hooks record the query as the input shaped as the output, "
+            "the memory as the one given twice (hooks.query_first), so every boundary is judged "
+            "and none is said 'not judged'.",
         },
     },
     # --- fairseq.py: fairseq's names, time-first stacks, an incremental state ----------------

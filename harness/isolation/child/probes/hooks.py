@@ -20,10 +20,33 @@ def float_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return [t for t in found if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
+def query_first(tensors: list[torch.Tensor], out: torch.Tensor) -> list[torch.Tensor]:
+    """A call's tensor inputs with the query first and the keys' source second, in whatever
+    order the call took them: the query is the input shaped as the output (attention maps
+    [B, T, d] to [B, T, d]), and among several such, the one passed once where another is
+    passed twice (one memory as the keys and the values: OpenNMT's (key, value, query),
+    fairseq's (query, key, value)); else the contract's order (query first) is kept."""
+    if len(tensors) < 2:
+        return tensors
+    times: dict[int, int] = {}
+    for t in tensors:
+        times[id(t)] = times.get(id(t), 0) + 1
+    shaped = [t for t in tensors if t.shape == out.shape]
+    once = [t for t in shaped if times[id(t)] == 1]
+    if not shaped:
+        return tensors
+    query = once[0] if once and max(times.values()) > 1 else shaped[0]
+    at = next(i for i, t in enumerate(tensors) if t is query)
+    rest = tensors[:at] + tensors[at + 1 :]
+    rest.sort(key=lambda t: -times[id(t)])  # stable: the memory (given twice) before the rest
+    return [query, *rest]
+
+
 def first_calls(model: torch.nn.Module, names: Any) -> dict[str, dict[str, Any]]:
     """Hooks on the submodules whose contract names `names(name)` accepts: each one's first
     call, in order of completion, records its floating-point tensor inputs (at most two: the
-    query, then the keys' source) and its output (a tuple's first element)."""
+    query, then the keys' source, whatever order the call took them in: `query_first`) and its
+    output (a tuple's first element)."""
     seen: dict[str, dict[str, Any]] = {}
 
     def hook(name: str):
@@ -31,7 +54,8 @@ def first_calls(model: torch.nn.Module, names: Any) -> dict[str, dict[str, Any]]
             first = out[0] if isinstance(out, tuple) and out else out
             if name in seen or not isinstance(first, torch.Tensor):
                 return
-            inputs = [numpy_of(t) for t in float_tensors(args, kwargs)[:2]]
+            tensors = query_first(float_tensors(args, kwargs), first)
+            inputs = [numpy_of(t) for t in tensors[:2]]
             seen[name] = {"inputs": inputs, "output": numpy_of(first)}
 
         return record
