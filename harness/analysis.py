@@ -85,3 +85,36 @@ def summarize(run: SuiteRun) -> Summary:
         missed_expected=missed,
         sanity_survivors=survivors,
     )
+
+
+# --- a student suite's mutation score ----------------------------------------------------------
+
+REQUIRED = catalog.REQUIRED  # the records marked required (the seed's rung R5)
+PASS_SCORE = 0.80
+
+
+@dataclass
+class Score:
+    """What the suite earned."""
+
+    tests: list[str]
+    run: SuiteRun
+    summary: Summary  # kills by tests that are not false alarms
+    false_alarms: dict[str, list[str]]  # test -> "subject: outcome: message" lines
+    errors: dict[str, str]  # subject -> why the suite did not run on it
+    invalid: str  # why the suite scores nothing, if it does
+    module_name: str
+    reuse: str = ""  # with --incremental: how many subjects' runs came from the cache
+
+    @property
+    def killed(self) -> list[str]:
+        return [m for m in catalog.PITFALLS if self.summary.status[m].detected]
+
+    @property
+    def score(self) -> float:
+        return 0.0 if self.invalid else len(self.killed) / len(catalog.PITFALLS)
+
+    @property
+    def passed(self) -> bool:
+        required = all(m in self.killed for m in REQUIRED)
+        return not self.invalid and required and self.score >= PASS_SCORE

@@ -32,6 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from harness.analysis import Score
 from harness.engine import work
 from harness.engine.run import Launch, run_subject, run_test
 from harness.isolation.local import confinement, local, workspace
@@ -50,6 +51,7 @@ from harness.options import positive, usage_error
 from harness.outcomes import Outcome
 from harness.records import Cell, Grade, TestResult
 from harness.reports import grade as grade_report
+from harness.reports import score as score_report
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.laws import SHARED_TESTS
 from harness.shared_tests.record import Test
@@ -228,7 +230,7 @@ def suite_check(
     time_limit: float = scoring.TEST_TIMEOUT,
     jobs: int | None = None,
     progress: Callable[[str, scoring.SubjectRun], None] | None = None,
-) -> scoring.Score:
+) -> Score:
     """The suite's mutation score, as mutation_score.mutation_score gives it: the same subjects
     (impl, the torch copy, s01-s11), rewritten afresh and run in a secret order, the correct ones
     first, scored by the same rules; each subject in plain subprocesses."""
@@ -269,9 +271,9 @@ def suite_check(
     return scoring._score(subs, runs, module_name, time_limit, time.monotonic() - started)
 
 
-def suite_text(s: scoring.Score, tests_dir: str) -> str:
+def suite_text(s: Score, tests_dir: str) -> str:
     """mutation-score's text, headed as the self-check it is."""
-    lines = scoring.text(s, tests_dir).splitlines()
+    lines = score_report.text(s, tests_dir).splitlines()
     lines[0] = f"Self-check: {lines[0]}"
     return "\n".join([lines[0], SELF_CHECK, *lines[1:]])
 
@@ -364,7 +366,7 @@ def _run_suite(args: argparse.Namespace) -> int:
     except scoring.SuiteBroken as e:
         return usage_error("check", f"the suite is broken, no mutant was run: {e}")
     print(suite_text(s, args.suite))
-    written = write_all("check", [(args.suite_json, lambda: scoring.to_json(s))])
+    written = write_all("check", [(args.suite_json, lambda: score_report.to_json(s))])
     return 2 if not written else 0 if s.passed else 1
 
 

@@ -27,11 +27,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from harness.analysis import Summary, summarize
+from harness.analysis import Score, summarize
 from harness.engine import executors, work
 from harness.engine.cache import KEPT, Store, default_root, suite_run_key
 from harness.engine.run import Launch, unjudgeable
@@ -47,15 +47,13 @@ from harness.options import (
 )
 from harness.outcomes import Outcome, mutant_outcome
 from harness.records import Cell, SubjectRun, SuiteRun
-from harness.reports import matrix as reports
+from harness.reports import score as score_report
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.record import Test
 from harness.subjects import Kind, Subject
 from mutants import catalog
 
 MODULE = "tinyllm.xfmr.transformer"  # the seed's module path for the subject
-REQUIRED = catalog.REQUIRED  # the records marked required (the seed's rung R5)
-PASS_SCORE = 0.80
 # Importing pytest, Hypothesis, the subject and the suite: a few seconds on a loaded machine.
 COLLECT_TIMEOUT = 60.0
 # Default per-test limit: a student's test of a tiny model takes well under a second; 30 s
@@ -182,33 +180,6 @@ class _Events:
             self.out.cells[printable(event["nodeid"])] = cell
             self.current = None
             self.deadline = time.monotonic() + self.time_limit
-
-
-@dataclass
-class Score:
-    """What the suite earned."""
-
-    tests: list[str]
-    run: SuiteRun
-    summary: Summary  # kills by tests that are not false alarms
-    false_alarms: dict[str, list[str]]  # test -> "subject: outcome: message" lines
-    errors: dict[str, str]  # subject -> why the suite did not run on it
-    invalid: str  # why the suite scores nothing, if it does
-    module_name: str
-    reuse: str = ""  # with --incremental: how many subjects' runs came from the cache
-
-    @property
-    def killed(self) -> list[str]:
-        return [m for m in catalog.PITFALLS if self.summary.status[m].detected]
-
-    @property
-    def score(self) -> float:
-        return 0.0 if self.invalid else len(self.killed) / len(catalog.PITFALLS)
-
-    @property
-    def passed(self) -> bool:
-        required = all(m in self.killed for m in REQUIRED)
-        return not self.invalid and required and self.score >= PASS_SCORE
 
 
 def mutation_score(
@@ -368,111 +339,6 @@ def _score(
     return Score(tests, run, summary, false_alarms, errors, invalid, module_name)
 
 
-# --- reports ----------------------------------------------------------------------------------
-
-
-def text(s: Score, tests_dir: str) -> str:
-    lines = [
-        f"Mutation score of {tests_dir} ({len(s.tests)} tests, subject imported as "
-        f"{s.module_name} or the fixture `transformer`)",
-        "",
-    ]
-    for name in ("impl", "torch_copy"):
-        row = [s.run.cell(t, name).outcome for t in s.tests]
-        counts = ", ".join(f"{row.count(o)} {o.value}" for o in Outcome if row.count(o))
-        lines.append(f"  {name:<11} correct  {counts or 'no tests'}")
-    for m in catalog.PITFALLS:
-        status = s.summary.status[m]
-        killers = sorted(s.summary.kill_sets[m])
-        verdict = "killed" if status.detected else "SURVIVED"
-        required = "*" if m in REQUIRED else " "
-        lines.append(f"  {m}{required}        {verdict:<8} {catalog.get(m).pitfall}")
-        if killers:
-            names = ", ".join(_short(k) for k in killers)
-            cut = names if len(names) <= 80 else names[:77] + "..."
-            lines.append(f"      by {len(killers)}: {cut}")
-    if s.false_alarms:
-        lines += ["", "False alarms (fail on a correct subject, so they kill nothing):"]
-        for test, where in s.false_alarms.items():
-            lines.append(f"  {test}")
-            lines += [f"    {w}" for w in where]
-    for subject, error in s.errors.items():
-        lines.append(f"the suite did not run on {subject}: {error.splitlines()[0][:300]}")
-    if s.invalid:
-        lines += ["", f"INVALID: {s.invalid}"]
-    missing = [m for m in REQUIRED if m not in s.killed]
-    lines += [
-        "",
-        f"Score: {len(s.killed) if not s.invalid else 0}/{len(catalog.PITFALLS)} = {s.score:.2f} "
-        f"(* = must be killed: {_ids(REQUIRED)}"
-        f"{'; missing ' + ', '.join(missing) if missing else ''}); "
-        f"pass needs those and >= {PASS_SCORE:.2f}: {'PASS' if s.passed else 'FAIL'}",
-        f"wall {s.run.wall_seconds:.1f} s; worker start-up (process, interpreter, torch, the "
-        f"subject) {_spread(s.run.start_seconds)}",
-    ]
-    return "\n".join(lines)
-
-
-def _ids(ids: tuple[str, ...]) -> str:
-    """s01-s08 for a run of consecutive ids, else the list."""
-    numbers = [int(i[1:]) for i in ids]
-    if numbers == list(range(numbers[0], numbers[0] + len(numbers))) and len(numbers) > 2:
-        return f"{ids[0]}-{ids[-1]}"
-    return ", ".join(ids)
-
-
-def _spread(seconds: dict[str, list[float]]) -> str:
-    every = sorted(x for xs in seconds.values() for x in xs)
-    if not every:
-        return "not measured"
-    return f"median {every[len(every) // 2]:.1f} s, max {every[-1]:.1f} s over {len(every)} workers"
-
-
-def _short(nodeid: str) -> str:
-    return nodeid.split("::", 1)[-1]
-
-
-def to_json(s: Score) -> dict[str, Any]:
-    return {
-        "module": s.module_name,
-        "tests": s.tests,
-        "score": s.score,
-        "passed": s.passed,
-        "invalid": s.invalid,
-        "killed": s.killed,
-        "mutants": {
-            m: {
-                "status": s.summary.status[m].value,
-                "killed_by": sorted(s.summary.kill_sets[m]),
-                "pitfall": catalog.get(m).pitfall,
-                "required": m in REQUIRED,
-            }
-            for m in catalog.PITFALLS
-        },
-        "false_alarms": s.false_alarms,
-        "errors": s.errors,
-        "cells": reports.frame(s.run).to_dict(orient="records"),
-        "timing": {
-            "wall_s": round(s.run.wall_seconds, 2),
-            "per_subject_s": {k: round(v, 2) for k, v in s.run.subject_seconds.items()},
-            "worker_starts": s.run.worker_starts,
-            "start_seconds": s.run.start_seconds,
-        },
-    }
-
-
-def stryker(s: Score, tests_dir: str) -> dict[str, Any]:
-    """The matrix's Stryker report (harness.reports.matrix), the student's tests as testFiles."""
-    data = reports.stryker(s.run, s.summary)
-    files: dict[str, list[dict[str, str]]] = {}
-    for t in s.tests:
-        files.setdefault(t.split("::")[0], []).append({"id": t, "name": t})
-    folder = Path(tests_dir).name  # relative paths only: the suite's own folder name
-    data["testFiles"] = {f"{folder}/{f}": {"tests": ts} for f, ts in files.items()}
-    data["framework"] = {"name": "xfmr mutation-score (pytest)"}
-    return data
-
-
 def configure_mutation_score(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("tests", help="the folder holding the student's pytest suite")
     parser.add_argument("--module", default=MODULE, help=f"the subject's module path ({MODULE})")
@@ -583,11 +449,14 @@ def run_mutation_score(args: argparse.Namespace) -> int:
         return usage_error("mutation-score", str(e))
     except SuiteBroken as e:
         return usage_error("mutation-score", f"the suite is broken, no mutant was run: {e}")
-    print(text(s, args.tests))
+    print(score_report.text(s, args.tests))
     if s.reuse:
         print(s.reuse)
     written = write_all(
         "mutation-score",
-        [(args.json, lambda: to_json(s)), (args.stryker, lambda: stryker(s, args.tests))],
+        [
+            (args.json, lambda: score_report.to_json(s)),
+            (args.stryker, lambda: score_report.stryker(s, args.tests)),
+        ],
     )
     return 2 if not written else 0 if s.passed else 1

@@ -1,3 +1,8 @@
-"""Reports: the one atomic writer every job uses (writer), and the matrix's renderers (text grid,
-CSV, JSON, Markdown, HTML, Stryker's schema). A grade's and a mutation score's renderers live
-beside the job that computes them."""
+"""Reports: every renderer of the engine's records, and the one atomic writer every job uses.
+
+matrix.py (the kill-rate matrix: grid, CSV, JSON, Markdown, HTML, Stryker's schema), grade.py (a
+grade's text, JSON and JUnit), gradescope.py (Gradescope's results.json: a grade's, a refusal's),
+grades.py (a batch of grades as tables; `xfmr summarize`), score.py (a student suite's mutation
+score: text, JSON, Stryker), safe.py (formula-safe CSV, escaped HTML and Markdown), writer.py. The
+jobs run and assemble; nothing here runs a subject.
+"""
