@@ -27,17 +27,17 @@ RECORD = Path(__file__).resolve().parents[1] / "tests" / "demos_tests" / "data" 
 RECIPE = {
     "digits": 2,
     "norm": "post",
-    "steps": 500,
+    "steps": 750,
     "batch": 64,
     "warmup": 100,
-    "factor": 0.2,
+    "factor": 0.3,
     "smoothing": 0.1,
     "seed": 0,
     "n_test": 500,
-    "d_model": 64,
+    "d_model": 32,
     "heads": 4,
-    "d_ff": 256,
-    "layers": 2,
+    "d_ff": 128,
+    "layers": 1,
     "dropout": 0.0,
 }
 WINDOW = 25  # updates per point of the recorded loss curve (one update's loss is noisy)

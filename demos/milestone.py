@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from demos.args import positive_int
+from demos.args import nonnegative_int, positive_int
 from demos.runtime import machine_load
 
 TARGET = 0.98  # the seed's MS-L5: exact match on held-out three-digit sums
@@ -33,7 +33,8 @@ METRICS = "metrics.json"  # what each `xfmr train` writes
 
 def configure_milestone(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-    parser.add_argument("--seeds", type=positive_int, default=5, help="seeds 0 .. N-1")
+    parser.add_argument("--seeds", type=positive_int, default=5, help="how many seeds")
+    parser.add_argument("--first-seed", type=nonnegative_int, default=0, help="lowest seed")
     parser.add_argument("--norms", nargs="+", choices=["post", "pre"], default=["post", "pre"])
     parser.add_argument(
         "--dtypes", nargs="+", choices=["float32", "float64"], default=["float32", "float64"]
@@ -104,7 +105,8 @@ def git_commit() -> str:
 def run_milestone(args: argparse.Namespace) -> int:
     runs, results = Path(args.runs), Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
-    jobs = [(d, n, s) for d in args.dtypes for s in range(args.seeds) for n in args.norms]
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    jobs = [(d, n, s) for d in args.dtypes for s in seeds for n in args.norms]
     started = datetime.datetime.now().astimezone()
     load_before = machine_load()
     t0 = time.perf_counter()
@@ -215,12 +217,14 @@ def report(h: dict, rows: list[dict], png: str | None) -> str:
         "## Command",
         "",
         "```",
-        h["command"],
+        "xfmr milestone    # every run below, --jobs 2 at a time, then this report",
         "```",
         "",
         "Each run is `xfmr train --digits 3 --norm NORM --seed SEED --dtype DTYPE --out "
         "runs/milestone/DTYPE-NORM-seedSEED`, every other setting its default "
-        "(demos/train.py, `TRAIN_DEFAULTS`).",
+        "(demos/train.py, `TRAIN_DEFAULTS`). The runs can be made in parts (`--dtypes`, "
+        "`--first-seed`, `--seeds`, `--reuse`); this report was written by "
+        f"`{h['command']}`.",
         "",
         f"- date: {h['date']}",
         f"- commit: {h['commit']}",
