@@ -156,7 +156,7 @@ class Runner:
             self.found = grading._diagnose(self.launch)
         result = grading._result(test, cell, self.found, self.told)
         if self.rejected:  # nothing ran: said as a grade says it, without the outcome's word
-            result.message = self.rejected
+            result = replace(result, message=self.rejected)
         if test.values and self.found and not result.passed and not self.told:
             self.told = test.name
         self.results[test.name] = result

@@ -236,3 +236,16 @@ def test_nothing_to_check_is_a_usage_error(tmp_path):
     assert done.returncode == 2 and "name your transformer.py" in done.stderr
     done = run(["-m", "pytest", "--xfmr", str(tmp_path), "-p", "no:cacheprovider"], os.environ)
     assert done.returncode == 4 and "nor a folder holding transformer.py" in done.stderr
+
+
+def test_a_rejected_file_fails_every_test_with_the_rejection(tmp_path):
+    # pytest --xfmr on a file that is no submission: each shared test says why, none runs it
+    bad = tmp_path / "transformer.txt"
+    bad.write_text("not python")
+    runner = selfcheck.Runner(bad)
+    try:
+        results = [runner.run(BY_NAME[name]) for name in sorted(BY_NAME)[:2]]
+    finally:
+        runner.close()
+    assert [r.passed for r in results] == [False, False]
+    assert all(r.message == runner.rejected and "not a .py file" in r.message for r in results)
