@@ -208,3 +208,32 @@ def test_heads_must_divide_the_width(command, tmp_path, capsys):
 def test_ln_demo_refuses_a_tail_longer_than_the_run(capsys):
     assert main(["ln-demo", "--steps", "5", "--tail", "10"]) == 2
     assert "--tail 10 exceeds --steps 5" in capsys.readouterr().err
+
+
+def _fake_run(folder, greedy, real_s):
+    folder.mkdir(parents=True)
+    train = {"updates": 600, "stopped": "solved", "kept_update": 600, "fit_s": 200.0}
+    train |= {"wall_s": real_s - 10, "real_s": real_s, "load_before": [1, 2, 3]}
+    train |= {"load_after": [3, 2, 1]}
+    metrics = {"train": train, "exact_match": {"greedy": greedy, "greedy_last_weights": None}}
+    (folder / "metrics.json").write_text(json.dumps({**metrics, "losses": [2.0, 1.0]}))
+
+
+@pytest.mark.parametrize(
+    "runs,code,verdict",
+    [
+        ({"post": (1.0, 300), "pre": (0.99, 500)}, 0, "float32, pre-LN: 1 of 1 seeds >= 0.98"),
+        ({"post": (1.0, 300), "pre": (0.97, 500)}, 1, "float32, pre-LN: 0 of 1 seeds >= 0.98"),
+        ({"post": (1.0, 300), "pre": (0.99, 700)}, 1, "longest run 700 s"),
+        ({"post": (1.0, 300)}, 1, "**not run (yet)**: float32-pre-seed0"),
+    ],
+)
+def test_milestone_report_from_the_runs(tmp_path, runs, code, verdict):
+    for norm, (greedy, real_s) in runs.items():
+        _fake_run(tmp_path / "runs" / f"float32-{norm}-seed0", greedy, real_s)
+    argv = ["milestone", "--report-only", "--seeds", "1", "--dtypes", "float32"]
+    argv += ["--runs", str(tmp_path / "runs"), "--results", str(tmp_path / "results")]
+    assert main(argv) == code
+    report = (tmp_path / "results" / "milestone.md").read_text()
+    assert verdict in report
+    assert "| float32 | post | 0 | 600 | solved | 600 | 200.0 | 290 | 300 |" in report
