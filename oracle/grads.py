@@ -42,8 +42,8 @@ def forward_for_grads(
     tgt_out = np.asarray(tgt_out)
     if tgt_out.shape != tgt_in.shape:
         raise ValueError(f"tgt_out {tgt_out.shape} must have tgt_in's shape {tgt_in.shape}")
-    memory, enc_cache = encoder_stack(params, src, src_mask, None)
-    logits, dec_cache = decoder_stack(params, tgt_in, memory, src_mask, tgt_mask, None)
+    memory, enc_cache = encoder_stack(params, src, src_mask, None, keep=True)
+    logits, dec_cache = decoder_stack(params, tgt_in, memory, src_mask, tgt_mask, None, keep=True)
     loss, dlogits = label_smoothed_loss(logits, tgt_out, eps, pad_id)
     return loss, dlogits, enc_cache, dec_cache
 
@@ -51,7 +51,9 @@ def forward_for_grads(
 def backward(
     params: Params, dlogits: np.ndarray, enc_cache: Cache, dec_cache: Cache
 ) -> tuple[Grads, np.ndarray]:
-    """Every parameter's gradient from dL/dlogits, under the contract's names; and dL/dmemory."""
+    """Every parameter's gradient from dL/dlogits, under the contract's names; and dL/dmemory.
+
+    The caches are consumed: each layer's is freed once its backward has run."""
     grads: Grads = {}
     dmemory = decoder_stack_bwd(params, dlogits, dec_cache, grads)
     encoder_stack_bwd(params, dmemory, enc_cache, grads)

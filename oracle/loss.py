@@ -37,9 +37,13 @@ def label_smoothed_loss(
     nll = -np.take_along_axis(logp, safe_t[..., None], axis=-1)[..., 0]
     row = (1 - eps) * nll - eps * logp.mean(axis=-1)
     loss = row[keep].sum() / n
-    q = np.full_like(logp, eps / V)
-    np.put_along_axis(q, safe_t[..., None], 1 - eps + eps / V, axis=-1)
-    dlogits = (np.exp(logp) - q) * (keep[..., None] / z.dtype.type(n))
+    # dlogits = (p - q) / N with q = eps / V off the target and 1 - eps + eps / V on it, written
+    # without a second [.., V] array for q: p - eps / V everywhere, then the targets' entries
+    dlogits = np.exp(logp)
+    p_t = np.take_along_axis(dlogits, safe_t[..., None], axis=-1)
+    dlogits -= eps / V
+    np.put_along_axis(dlogits, safe_t[..., None], p_t - (1 - eps + eps / V), axis=-1)
+    dlogits *= keep[..., None] / z.dtype.type(n)
     return loss, dlogits
 
 

@@ -32,8 +32,12 @@ def embed(params: Params, table: str, ids: np.ndarray, start: int = 0) -> np.nda
 
 
 def _add(g: Grads, name: str, value: np.ndarray) -> None:
-    """g[name] += value: a tied table's gradient is the sum over all its uses."""
-    g[name] = g[name] + value if name in g else value
+    """g[name] += value: a tied table's gradient is the sum over all its uses (in place: every
+    array in g is the backward's own, and a table is [V, d], the largest of a large vocabulary)."""
+    if name in g:
+        g[name] += value
+    else:
+        g[name] = value
 
 
 def embed_bwd(params: Params, table: str, ids: np.ndarray, dx0: np.ndarray, g: Grads) -> None:
@@ -55,16 +59,20 @@ def target_attention_mask(tgt_mask: np.ndarray) -> np.ndarray:
 
 
 def encoder_stack(
-    params: Params, src: np.ndarray, src_mask: np.ndarray, trace: dict | None
+    params: Params, src: np.ndarray, src_mask: np.ndarray, trace: dict | None, keep: bool = False
 ) -> tuple[np.ndarray, Cache]:
-    """x0 = embed(src), N_e encoder layers, then enc_norm for pre-LN: the memory [B, S, d]."""
+    """x0 = embed(src), N_e encoder layers, then enc_norm for pre-LN: the memory [B, S, d].
+
+    keep: hold every layer's cache for a backward (a forward alone drops each after its layer)."""
     spec, mask = params.spec, source_attention_mask(src_mask)
     x = embed(params, params.src_table, src)
     cache: Cache = {"src": src, "mask": mask, "layers": []}
     for i in range(spec.n_enc):
         name = f"encoder.{i}"
         x, c = encoder_layer(x, params.layer(name), mask, spec, trace, name)
-        cache["layers"].append(c)
+        if keep:
+            cache["layers"].append(c)
+        del c  # else its arrays would live on through the next layer's forward
     cache["top"] = x
     if spec.norm == "pre":
         a = params.arrays
@@ -75,7 +83,10 @@ def encoder_stack(
 
 
 def encoder_stack_bwd(params: Params, dmemory: np.ndarray, cache: Cache, g: Grads) -> None:
-    """Backward through encoder_stack from dL/dmemory: every encoder gradient, added into g."""
+    """Backward through encoder_stack from dL/dmemory: every encoder gradient, added into g.
+
+    Each layer's cache is taken out of `cache` as its backward runs, so its arrays are freed
+    then (as autograd frees saved tensors): a cache serves one backward."""
     spec = params.spec
     dx = dmemory
     if spec.norm == "pre":
@@ -84,7 +95,7 @@ def encoder_stack_bwd(params: Params, dmemory: np.ndarray, cache: Cache, g: Grad
         )
     for i in reversed(range(spec.n_enc)):
         name = f"encoder.{i}"
-        dx, layer_grads = encoder_layer_bwd(dx, cache["layers"][i], params.layer(name), spec)
+        dx, layer_grads = encoder_layer_bwd(dx, cache["layers"].pop(), params.layer(name), spec)
         into(g, name, layer_grads)
     embed_bwd(params, params.src_table, cache["src"], dx, g)
 
@@ -104,8 +115,11 @@ def decoder_stack(
     src_mask: np.ndarray,
     tgt_mask: np.ndarray,
     trace: dict | None,
+    keep: bool = False,
 ) -> tuple[np.ndarray, Cache]:
-    """y0 = embed(tgt_in), N_d decoder layers over `memory`, dec_norm for pre-LN, the logits."""
+    """y0 = embed(tgt_in), N_d decoder layers over `memory`, dec_norm for pre-LN, the logits.
+
+    keep: hold every layer's cache for a backward (a forward alone drops each after its layer)."""
     spec = params.spec
     self_mask, cross_mask = target_attention_mask(tgt_mask), source_attention_mask(src_mask)
     y = embed(params, params.tgt_table, tgt_in)
@@ -116,7 +130,9 @@ def decoder_stack(
         y, c = decoder_layer(
             y, memory, params.layer(name), self_mask, cross_mask, spec, trace, name
         )
-        cache["layers"].append(c)
+        if keep:
+            cache["layers"].append(c)
+        del c  # else its arrays would live on through the next layer's forward
     cache["top"] = y
     if spec.norm == "pre":
         a = params.arrays
@@ -129,7 +145,8 @@ def decoder_stack(
 
 def decoder_stack_bwd(params: Params, dlogits: np.ndarray, cache: Cache, g: Grads) -> np.ndarray:
     """Backward through decoder_stack from dL/dlogits: the decoder's gradients (output layer
-    included) added into g; returns dL/dmemory."""
+    included) added into g; returns dL/dmemory. Like encoder_stack_bwd, it takes each layer's
+    cache out of `cache` as it goes."""
     spec = params.spec
     dy, dW_out, _ = linear_bwd(dlogits, cache["y"], params.arrays[params.out_table])
     _add(g, params.out_table, dW_out)
@@ -140,7 +157,7 @@ def decoder_stack_bwd(params: Params, dlogits: np.ndarray, cache: Cache, g: Grad
     dmemory = np.zeros_like(cache["memory"])
     for i in reversed(range(spec.n_dec)):
         name = f"decoder.{i}"
-        dy, dm, layer_grads = decoder_layer_bwd(dy, cache["layers"][i], params.layer(name), spec)
+        dy, dm, layer_grads = decoder_layer_bwd(dy, cache["layers"].pop(), params.layer(name), spec)
         dmemory += dm
         into(g, name, layer_grads)
     embed_bwd(params, params.tgt_table, cache["tgt"], dy, g)

@@ -53,7 +53,8 @@ def embedding_bwd(dy: np.ndarray, ids: np.ndarray, vocab: int, scale: float) -> 
     d = dy.shape[-1]
     dE = np.zeros((vocab, d), dtype=dy.dtype)
     np.add.at(dE, ids.reshape(-1), dy.reshape(-1, d))
-    return dE * _const(dy, scale)
+    dE *= _const(dy, scale)  # in place: the table is the largest array of a large vocabulary
+    return dE
 
 
 # --- Linear layers and activations (section 3.3) --------------------------------------------------
@@ -93,7 +94,7 @@ def relu(x: np.ndarray) -> np.ndarray:
 
 def relu_bwd(dy: np.ndarray, x: np.ndarray) -> np.ndarray:
     """d relu / dx = 1 where x > 0, else 0 (0 at x = 0, as torch)."""
-    return np.where(x > 0, dy, 0)
+    return dy * (x > 0)  # twice as fast as np.where(x > 0, dy, 0); a zero may come out as -0.0
 
 
 def erf(x: np.ndarray) -> np.ndarray:
@@ -212,7 +213,9 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
     """log softmax(z)_j = z_j - max z - log sum_k exp(z_k - max z) over the last axis."""
     _real(z)
     shifted = z - z.max(axis=-1, keepdims=True)
-    return shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    # in place on our own temporary: a [.., V] array fewer at once (the output layer's 58k ids)
+    shifted -= np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return shifted
 
 
 def scaled_dot_product_attention(
