@@ -1,10 +1,14 @@
-"""The embeddings test on a submission whose layer modules are never called (a functional
-style): x0 is then seen only through the final norm of the pre-LN model whose sublayers output
-0, so a final norm that is not the contract's (missing, another eps) must not be charged as an
-x0 fault (one cause, one charge: the golden test owns it), while a wrong x0 still fails.
+"""The value tests where the values cannot be read plainly.
 
-impl with one fault written in, run in this process through the same probe a grader's worker
-runs, its module hooks' record of x0 and y0 removed as if no layer module had been called.
+A submission whose layer modules are never called (a functional style): the embeddings test sees
+x0 only through the final norm of the pre-LN model whose sublayers output 0, so a final norm
+that is not the contract's (missing, another eps) must not be charged as an x0 fault (one cause,
+one charge: the golden test owns it), while a wrong x0 still fails. A submission whose eval mode
+is random (dropout left on): the value tests say they cannot judge and name the dropout law.
+
+impl with one fault written in, run in this process through the same probes a grader's worker
+runs (for the first: its module hooks' record of x0 and y0 removed, as if no layer module had
+been called).
 """
 
 from __future__ import annotations
@@ -79,3 +83,14 @@ def test_a_wrong_x0_still_fails_without_hooks():
     )
     with pytest.raises(Failure, match="seen here only through enc_norm"):
         EMBEDDINGS.check(call)
+
+
+@pytest.mark.parametrize("test", ["test_embeddings_scaled_and_tied", "test_golden_torch"])
+def test_a_random_eval_mode_is_the_dropout_laws_not_the_values(test):
+    # dropout that acts in eval mode too (F.dropout's default training=True): no one function
+    # to compare, so the value tests say they cannot judge and name the dropout law
+    call = unhooked(
+        ("        return self.dropout(x)\n", "        return F.dropout(x, self.cfg.dropout)\n")
+    )
+    with pytest.raises(Failure, match="not judged: test_dropout_only_in_training must pass"):
+        BY_NAME[test].check(call)

@@ -86,9 +86,37 @@ def check_golden_torch(call: Call) -> None:
         try:
             assert_close(what, got, want, tolerance(dtype, kind), mask=mask, axes=axes)
         except Failure as e:
+            eval_is_one_function(call)
             raise Failure(
                 f"{e}{value_hint(kind, got, want, mask, tolerance(dtype, kind))}"
             ) from None
+
+
+DROPOUT_TEST = "test_dropout_only_in_training"
+
+
+def eval_is_one_function(call: Call) -> None:
+    """Asked when a value test fails: two eval-mode forward passes on the same weights and inputs
+    (before and after a training-mode pass, the dropout law's probe) give the same logits. When
+    they do not, something random acts in eval mode (dropout left on): there is no one function
+    to compare with the oracle's, and the value test is not judged (one cause, one charge: the
+    dropout law's). When they do, or cannot be had, the value failure stands."""
+    cfg = config(dropout=0.5, n_enc=1, n_dec=1)
+    b = forward_inputs(batch(np.random.default_rng(23), cfg, src_lens=[5, 3], tgt_lens=[4, 4]))
+    try:
+        weights = pushed_weights(call, [cfg], "eval is one function")[0]
+        r = call("dropout_logits", cfg=cfg, weights=weights, **b)
+        before, after = (np.asarray(x, dtype=np.float64) for x in r["eval"])
+    except (Failure, ValueError, TypeError, KeyError, IndexError):
+        return
+    if before.shape != after.shape or np.array_equal(before, after, equal_nan=True):
+        return
+    change = float(np.nanmax(np.abs(before - after), initial=0.0))
+    raise Failure(
+        f"not judged: {DROPOUT_TEST} must pass first (two eval-mode forward passes on the same "
+        f"weights and inputs differ by {change:.3g}: something random acts in eval mode, so no "
+        "one function can be compared with the oracle's)"
+    )
 
 
 def value_hint(kind: str, got: Any, want: Any, mask: Any, tol: float) -> str:
@@ -167,7 +195,9 @@ def check_embeddings_scaled_and_tied(call: Call) -> None:
             if hooked is None:
                 if x0_behind_another_norm(got, x0, gain, bias, project, mask, tol):
                     continue  # x0 is right; the final norm is the golden test's to charge
+                eval_is_one_function(call)
                 raise Failure(f"{e}{BEHIND_A_NORM[side]}") from None
+            eval_is_one_function(call)
             causes = embedding_causes(got, params, table, ids, mask, tol)
             raise Failure(f"{e}{causes}") from None
     # N(0, 1/d) for each table: n = 2048 x 128 draws estimate the std with a relative standard
