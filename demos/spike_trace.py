@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from demos.train import exact_match, load_split, make_model, teacher_forced
 
@@ -55,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
                 group["eps"] = group["eps"] if a.adam_eps is None else a.adam_eps
                 group["foreach"] = group["foreach"] and not a.no_foreach
 
-    hook = torch.optim.optimizer.register_optimizer_step_pre_hook(before_step)
+    hook = register_optimizer_step_pre_hook(before_step)
     params = list(model.parameters())
     previous = [q.detach().clone() for q in params]
     trace = {"args": vars(a), "grad_norm": [], "update_norm": [], "checks": []}
