@@ -129,6 +129,7 @@ def run_milestone(args: argparse.Namespace) -> int:
         "load_after": machine_load(),
         "total_s": round(time.perf_counter() - t0, 1),
         "missing": missing,
+        "report_only": args.report_only,
     }
     rows = [table_row(job, m) for job, m in zip(jobs, metrics, strict=True)]
     (results / "milestone.json").write_text(json.dumps({**header, "runs": rows}, indent=1) + "\n")
@@ -152,6 +153,7 @@ def table_row(job: tuple[str, str, int], m: dict) -> dict:
         "fit_s": t["fit_s"],
         "wall_s": t["wall_s"],
         "real_s": t.get("real_s", t["wall_s"]),
+        "real_measured": "real_s" in t,
         "load_before": t["load_before"],
         "load_after": t["load_after"],
         "greedy": m["exact_match"]["greedy"],
@@ -228,9 +230,14 @@ def report(h: dict, rows: list[dict], png: str | None) -> str:
         "",
         f"- date: {h['date']}",
         f"- commit: {h['commit']}",
-        f"- machine: {h['machine']}; {h['jobs']} runs at a time, one torch thread each",
-        f"- load 1/5/15 min: {_load(h['load_before'])} before, {_load(h['load_after'])} after; "
-        f"{h['total_s']:.0f} s in all",
+        f"- machine: {h['machine']}; one torch thread per run",
+    ]
+    if not h["report_only"]:
+        lines += [
+            f"- {h['jobs']} runs at a time; load 1/5/15 min: {_load(h['load_before'])} before, "
+            f"{_load(h['load_after'])} after; {h['total_s']:.0f} s in all",
+        ]
+    lines += [
         "",
         "## Runs",
         "",
@@ -242,7 +249,8 @@ def report(h: dict, rows: list[dict], png: str | None) -> str:
         last = r["greedy_last_weights"]
         lines.append(
             f"| {r['dtype']} | {r['norm']} | {r['seed']} | {r['updates']} | {r['stopped']} | "
-            f"{r['kept_update']} | {r['fit_s']} | {r['wall_s']} | {r['real_s']} | "
+            f"{r['kept_update']} | {r['fit_s']} | {r['wall_s']} | "
+            f"{r['real_s']}{'' if r['real_measured'] else '*'} | "
             f"{_load(r['load_before'])} | {_load(r['load_after'])} | {r['greedy']:.3f} | "
             f"{'same' if last is None else f'{last:.3f}'} |"
         )
@@ -252,7 +260,8 @@ def report(h: dict, rows: list[dict], png: str | None) -> str:
         "training, never the test sums) were right at a check (every 50 updates), `steps` when "
         "the budget ran out; kept update: the checked weights kept (the best on validation).",
         "- fit: the updates and checks; wall: data, fit, greedy evaluation and saving, as "
-        "metrics.json has it; real: the whole `xfmr train` process (start-up and PNG too).",
+        "metrics.json has it; real: the whole `xfmr train` process (start-up and PNG too; "
+        "`*`: not measured, the wall, where the run's `xfmr milestone` was stopped first).",
         "- greedy EM: exact match on the 1000 held-out sums of the kept weights; last weights EM: "
         "of the weights at the last update, where those are not the kept ones.",
         "- The machine is shared with other engineers: the load shows how much of a core each "
