@@ -143,6 +143,21 @@ def test_the_whole_matrix_equals_the_committed_expectation(full_run):
     assert summary.healthy and summary.score == 1.0
 
 
+@pytest.mark.slow
+def test_a_forward_fault_is_not_charged_again_by_the_learning_test(full_run):
+    # one cause, one charge: where the golden test finds the forward pass wrong, the learning
+    # test (which judges the trained weights with the oracle's loss) says it cannot judge
+    run, _ = full_run
+    learning = "test_learns_reversed_addition"
+    charged = []
+    for mutant in catalog.PITFALLS + catalog.CLAUSES:
+        golden, learned = run.cell("test_golden_torch", mutant), run.cell(learning, mutant)
+        if golden.outcome is Outcome.KILLED and learned.outcome is Outcome.KILLED and learned.ran:
+            charged.append(mutant)
+            assert learned.message.startswith("not judged: test_golden_torch"), (mutant, learned)
+    assert charged  # s01, s03, s04, s05 today: the check is not vacuous
+
+
 def test_every_format_lists_the_findings():
     # a run where s08 survives: the text, Markdown and HTML reports all say so
     subjects = [s for s in matrix_subjects() if s.name in ("impl", "s08")]

@@ -19,7 +19,9 @@ from harness.shared_tests.inputs import (
 )
 from harness.shared_tests.record import Call, Failure, law
 from harness.shared_tests.verdicts import (
+    errors,
     read_params,
+    tolerance,
     unwrapped,
 )
 
@@ -149,7 +151,11 @@ FIRST_UPDATE_ROWS = 48
 
 
 def heldout_loss(
-    call: Call, setup: dict[str, Any], seed: int, stop_below: float | None = None
+    call: Call,
+    setup: dict[str, Any],
+    seed: int,
+    stop_below: float | None = None,
+    bar: float | None = None,
 ) -> float:
     """Train the subject as the setup says, on this run's secret instance of the task and from
     weights the parent drew, then the oracle's cross-entropy of its trained weights on the
@@ -157,7 +163,12 @@ def heldout_loss(
     subject's own logits nor its own loss enter the verdict, and the test sums never leave the
     parent. Before the run, fit's first update is checked against the oracle's Adam step
     (`check_first_update`). With stop_below, training ends at the first check where the
-    subject's own loss on the validation sums is at most that (see the probe `learn`)."""
+    subject's own loss on the validation sums is at most that (see the probe `learn`).
+
+    With `bar`, a loss above it is the learning's failure only when the trained model computes
+    the contract's function: its own forward pass on the validation sums must be the oracle's
+    on its trained weights, else the learning cannot be judged by the oracle's loss (a forward
+    fault, the golden test's charge: `trained_forward_first`)."""
     cfg, recipe = setup["config"], setup["recipe"]
     task = learning_instance(setup, seed)
     weights, first_weights = pushed_weights(call, [cfg, cfg], "learning", seed)
@@ -185,7 +196,29 @@ def heldout_loss(
     src, tgt = task["test_src"], task["test_tgt"]
     tgt_in, tgt_out = tgt[:, :-1], tgt[:, 1:]
     logits = oracle.forward(params, src, tgt_in, src != PAD, tgt_in != PAD)
-    return float(oracle.label_smoothed_loss(logits, tgt_out, 0.0, PAD)[0])
+    loss = float(oracle.label_smoothed_loss(logits, tgt_out, 0.0, PAD)[0])
+    if bar is not None and not loss <= bar:
+        trained_forward_first(r, params, task)
+    return loss
+
+
+def trained_forward_first(r: dict, params: Any, task: dict[str, Any]) -> None:
+    """Not judged when the trained model's own logits on the validation sums (the probe's
+    "val_logits") are not the oracle's on its weights: a model whose forward pass is not the
+    contract's learns another function, and its loss under the contract's says nothing of fit."""
+    got = r.get("val_logits")
+    src, tgt = task["val_src"], task["val_tgt"]
+    tgt_in = tgt[:, :-1]
+    want = oracle.forward(params, src, tgt_in, src != PAD, tgt_in != PAD)
+    if got is None or np.shape(got) != want.shape or r.get("dtype") not in ("float32", "float64"):
+        return  # nothing to tell them apart by: the learning's own failure stands
+    err, scale = errors(np.asarray(got, dtype=np.float64), want, tgt_in != PAD)
+    if err.max(initial=0.0) > tolerance(r["dtype"], "logits") * scale:
+        raise Failure(
+            "not judged: test_golden_torch must pass first (the trained model's forward pass "
+            f"differs from the oracle's on its own weights by {err.max():.3g}, so how well it "
+            "learned cannot be read from the contract's loss)"
+        )
 
 
 def learning_params(state: Any, cfg: dict, what: str) -> tuple[Any, dict[str, str]]:
@@ -283,7 +316,8 @@ def check_learns_reversed_addition(call: Call) -> None:
     # Adam's step on the oracle's gradient.
     setup = learning_setup()
     bar = setup["bar"]
-    loss = heldout_loss(call, setup, seed=setup["seeds"][0], stop_below=LEARN_STOP_FRACTION * bar)
+    stop_below = LEARN_STOP_FRACTION * bar
+    loss = heldout_loss(call, setup, seed=setup["seeds"][0], stop_below=stop_below, bar=bar)
     if not loss <= bar:
         raise Failure(
             f"held-out loss {loss:.4f} after up to {setup['recipe']['steps']} updates (ended "

@@ -141,7 +141,9 @@ def learn(
     model's own eval-mode cross-entropy on those rows is computed here (numpy's log-softmax of
     its logits), and fit is ended once it is at most `below`. Only when to stop rests on the
     subject's numbers; the verdict is the parent's, on the weights. Eval-mode passes draw no
-    random numbers, so the updates run are the same as without the checks.
+    random numbers, so the updates run are the same as without the checks. The trained model's
+    logits on those rows come back too ("val_logits"): when the verdict fails, the parent tells
+    a model that learned badly from one whose forward pass is not the contract's.
     """
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
     first_update = None
@@ -196,9 +198,17 @@ def learn(
         losses = [float(x) for x in losses]
     except _Stop:
         losses = None
-    return {
+    found = {
         "losses": losses,
         "updates": updates[0],
         "state_dict": parameters_by_name(model),
         "first_update": first_update,
     }
+    if stop is not None:  # the trained model's own logits on the validation rows, for a diagnosis
+        src, tgt, pad = tensor_of(stop["src"]), tensor_of(stop["tgt"]), stop["pad_id"]
+        tgt_in = tgt[:, :-1]
+        model.eval()
+        with torch.no_grad():
+            found["val_logits"] = numpy_of(model(src, tgt_in, src != pad, tgt_in != pad))
+        found["dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return found
