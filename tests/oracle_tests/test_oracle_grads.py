@@ -51,6 +51,10 @@ AUTOGRAD_REL = 1e-10
 # the float64 backward's own error (~1e-15 absolute) against 1e-7 relative.
 FD_REL = 1e-7
 H = 1e-4
+# A ReLU input within ~2H of its kink puts every coordinate upstream of it across the kink (found
+# by Hypothesis: 126 of 273 coordinates of one model). Those are retried with the step H / 16:
+# rounding error ~1e-19 / 6e-6 = 2e-14, still below FD_FLOOR's bound of 1e-13.
+RELU_SHRINK = 16
 # A tensor can have no gradient at all (every ReLU of a d_ff = 3 layer dead, say): the relative
 # error is then measured against this floor, i.e. its differences must stay below 1e-13, a
 # hundred times the stencil's rounding error.
@@ -151,6 +155,13 @@ def _with(params, name: str, index: tuple, delta: float):
     seed=8,
     activation="silu",
 )  # fmt: skip
+# found by Hypothesis: a ReLU input within 2H of its kink (most coordinates cross it at H)
+@example(
+    config=dict(src_vocab=5, tgt_vocab=5, d_model=8, n_heads=4, d_ff=6, n_enc=2, n_dec=2,
+                norm="pre", tie_embeddings=False, max_len=16),
+    seed=844,
+    activation="relu",
+)  # fmt: skip
 # found by Hypothesis: every ReLU of encoder.1's d_ff = 3 layer is dead, so its linear1 has no
 # gradient at all (see FD_FLOOR)
 @example(
@@ -183,17 +194,20 @@ def test_grads_match_finite_differences(config, seed, activation):
         diffs = []
         for i in flat:
             index = np.unravel_index(i, grad.shape)
-            losses = []
-            crossed = False
-            for step in (2 * H, H, -H, -2 * H):
-                loss, signs = _loss_and_kinks(_with(wide, name, index, step), batch)
-                losses.append(loss)
-                crossed |= any((s != b).any() for s, b in zip(signs, base_signs, strict=True))
             total += 1
+            for h in (H, H / RELU_SHRINK):  # a narrower stencil where a ReLU kink lies within H
+                losses = []
+                crossed = False
+                for step in (2 * h, h, -h, -2 * h):
+                    loss, signs = _loss_and_kinks(_with(wide, name, index, step), batch)
+                    losses.append(loss)
+                    crossed |= any((s != b).any() for s, b in zip(signs, base_signs, strict=True))
+                if not (crossed and activation == "relu"):
+                    break
             if crossed and activation == "relu":
-                continue  # a ReLU input changed sign inside the stencil: not differentiable there
+                continue  # a ReLU input changes sign inside the stencil: not differentiable there
             kept += 1
-            fd = (-losses[0] + 8 * losses[1] - 8 * losses[2] + losses[3]) / (12 * np.longdouble(H))
+            fd = (-losses[0] + 8 * losses[1] - 8 * losses[2] + losses[3]) / (12 * np.longdouble(h))
             diffs.append(float(fd - grad[index]))
         if name.endswith("k_proj.bias"):  # the true gradient is 0 (see ZERO_GRAD_NOISE)
             assert np.abs(grad).max() < ZERO_GRAD_NOISE * np.linalg.norm(
