@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.analysis import PASS_SCORE, REQUIRED
 from harness.cli import main
 from harness.jobs import mutation_score as ms
 from harness.outcomes import Outcome
@@ -27,8 +28,8 @@ def strong(tmp_path_factory):
 def test_strong_suite_passes(strong):
     status, data, _ = strong
     assert status == 0 and data["passed"] and not data["invalid"]
-    assert data["score"] >= ms.PASS_SCORE
-    assert set(ms.REQUIRED) <= set(data["killed"])
+    assert data["score"] >= PASS_SCORE
+    assert set(REQUIRED) <= set(data["killed"])
     assert data["false_alarms"] == {}
 
 
@@ -72,7 +73,7 @@ def test_weak_suite_fails(tmp_path):
     )
     data = json.loads((tmp_path / "s.json").read_text())
     assert status == 1 and not data["passed"]
-    assert "s08" in data["killed"] and data["score"] < ms.PASS_SCORE
+    assert "s08" in data["killed"] and data["score"] < PASS_SCORE
 
 
 def run(outcomes: dict[str, Outcome]) -> ms.SubjectRun:
