@@ -18,13 +18,13 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from harness.engine import executors, work
-from harness.engine.run import Launch, run_subject, unjudgeable
+from harness.engine.run import Launch, run_subject_apart, unjudgeable
 from harness.isolation import container
 from harness.isolation.sandbox import (
     CONTAINER_TIER,
@@ -67,6 +67,13 @@ from harness.shared_tests.record import VISIBILITIES, Test
 from harness.subjects import Kind, Subject
 
 # What each outcome means to a student, before the engine's own message.
+# The longest test, run beside the others in a worker of its own when a grade has a second core:
+# a correct submission's learning test trains for 5-6 s, about as long as the other 18 tests'
+# worker time together (examples/correct_submission.py, idle machine), so the grade's tests take
+# the longer of the two instead of their sum. The second worker's start-up (~2.5 s, and its own
+# first optimizer's import of torch._dynamo) runs on the other core.
+APART = ("test_learns_reversed_addition",)
+
 _REASON = {
     Outcome.KILLED: "failed",
     Outcome.ERROR: "crashed",
@@ -140,11 +147,14 @@ def grade(
     time_limit: float | None = None,
     unsafe: bool = False,
     isolation: str = SANDBOX_TIER,
+    apart: Collection[str] | None = None,
 ) -> Grade:
     """Run `tests` on the submission at `path` (a .py file, a package directory, or a student's
     folder holding transformer.py and its helper modules), each of its workers isolated as
     `isolation` says: a sandbox of its own, or the container tier's dedicated user (unsafe=True:
-    forked without either, for trusted code only).
+    forked without either, for trusted code only). `apart`: tests run in a worker of their own
+    beside the others' (default: APART where this machine has a second core; grade-batch, which
+    grades submissions side by side, gives none).
 
     Whatever the submission does, the answer is a Grade: an error of the grader's own while
     grading it becomes that submission's failing grade with the reason, never an exception."""
@@ -176,7 +186,9 @@ def grade(
 
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
             try:
-                cells, starts = run_subject(subject, tests, lambda test, cell: None, launch)
+                if apart is None:
+                    apart = APART if (os.cpu_count() or 1) > 1 else ()
+                cells, starts = run_subject_apart(subject, tests, apart, launch)
                 values = [t for t in tests if t.values]  # a failure there gets the diagnosis
                 failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)
                 found = _diagnose(launch(subject)) if failed else {}
@@ -475,7 +487,7 @@ def _grade_unit(
 
     return work.Unit(
         path.name,
-        lambda: grade(path, tests, limits, time_limit, unsafe),  # each worker sandboxed
+        lambda: grade(path, tests, limits, time_limit, unsafe, apart=()),  # each worker sandboxed
         grade_shipped,
         payload,
         Grade.from_json,
@@ -500,7 +512,7 @@ def grade_shipped(payload: dict[str, Any]) -> dict[str, Any]:
             g.tests = [_result(t, Cell(Outcome.ERROR, g.rejected), {}) for t in tests]
         else:
             work.unpack(payload["files"], path)
-            g = grade(path, tests, limits, payload["time_limit"], payload["unsafe"])
+            g = grade(path, tests, limits, payload["time_limit"], payload["unsafe"], apart=())
     data = g.to_json()
     # the folder it was graded in is this worker's: messages name the client's path instead
     here, there = f"{folder}/", "" if str(shown.parent) == "." else f"{shown.parent}/"

@@ -18,7 +18,7 @@ from harness.cli import main
 from harness.engine import fingerprint, work
 from harness.engine.cache import Store, cell_keys, incremental_suite, suite_run_key
 from harness.engine.coverage import split
-from harness.engine.run import run_suite
+from harness.engine.run import run_subject, run_subject_apart, run_suite
 from harness.jobs.matrix import matrix_subjects
 from harness.outcomes import Outcome
 from harness.shared_tests.laws import BY_NAME
@@ -27,6 +27,25 @@ from mutants.patch import Patch
 
 HAND = [BY_NAME["test_hand_example_label_smoothing"], BY_NAME["test_hand_example_noam"]]
 SUBJECTS = [s for s in matrix_subjects() if s.name in ("impl", "s07", "s08")]
+
+
+# --- one subject's tests in two workers (a grade with a second core) -------------------------
+
+
+def test_tests_run_apart_give_run_subjects_cells_in_its_order_from_two_workers():
+    # s08 fails the Noam hand example and passes the other two: the split keeps every outcome
+    # and message, and the order of the tests, whichever worker ran them
+    s08 = next(s for s in SUBJECTS if s.name == "s08")
+    tests = [*HAND, BY_NAME["test_validation"]]
+    alone, one_start = run_subject(s08, tests, lambda test, cell: None)
+    apart, two_starts = run_subject_apart(s08, tests, {"test_hand_example_noam"})
+    assert list(apart) == [t.name for t in tests]
+    assert {k: (c.outcome, c.message) for k, c in apart.items()} == {
+        k: (c.outcome, c.message) for k, c in alone.items()
+    }
+    assert apart["test_hand_example_noam"].outcome is Outcome.KILLED
+    assert len(one_start) == 1 and len(two_starts) == 2
+    assert len(run_subject_apart(s08, tests, {"no such test"})[1]) == 1  # nothing apart: one
 
 
 # --- --scheduler ------------------------------------------------------------------------------

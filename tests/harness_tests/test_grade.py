@@ -301,7 +301,7 @@ def test_a_grader_fault_exits_3_and_its_results_json_says_so_with_score_0(tmp_pa
     def broken(*args, **kwargs):
         raise RuntimeError("a bug of the grader's own")
 
-    monkeypatch.setattr(grade, "run_subject", broken)
+    monkeypatch.setattr(grade, "run_subject_apart", broken)
     report = tmp_path / "results.json"
     argv = ["grade", str(ROOT / "impl" / "torch_copy.py"), "--gradescope", str(report)]
     assert main([*argv, "--tests", "test_hand_example_noam"]) == 3

@@ -165,23 +165,30 @@ def beam_search_once(params: Any, key: bytes, row: np.ndarray, *args: Any) -> li
 
 
 def greedy(params: Any, src: np.ndarray, eos: int | None, max_len: int) -> tuple[list, list]:
-    """The oracle's greedy decoding by full forward passes, and each step's argmax margin."""
-    out, margins = [], []
-    for row in src:
-        s, mask = row[None], (row != PAD)[None]
-        ys, gaps = [BOS], []
-        for _ in range(max_len):
-            tgt = np.array([ys])
-            logits = oracle.forward(params, s, tgt, mask, np.ones_like(tgt, bool))[0, -1]
-            top2 = np.sort(logits)[-2:]
-            gaps.append(top2[1] - top2[0])
-            tok = int(np.argmax(logits))
-            if tok == eos:
-                break
-            ys.append(tok)
-        out.append(ys[1:])
-        margins.append(min(gaps))
-    return out, margins
+    """The oracle's greedy decoding of each row by full decoder passes over its whole prefix (no
+    cache), and each row's smallest argmax margin over its steps. The rows go through together:
+    a row's logits are the same whichever rows share its batch (each row's attention reads its
+    own keys only), and a finished row's later steps are left unread."""
+    mask = src != PAD
+    memory = oracle.encode(params, src, mask)
+    ys = np.full((len(src), 1), BOS)
+    out: list[list[int]] = [[] for _ in src]
+    gaps: list[list[float]] = [[] for _ in src]
+    live = np.ones(len(src), dtype=bool)
+    for _ in range(max_len):
+        logits = oracle.decode(params, ys, memory, mask, np.ones_like(ys, dtype=bool))[:, -1]
+        top2 = np.sort(logits, axis=-1)[:, -2:]
+        toks = np.argmax(logits, axis=-1)
+        for i in np.flatnonzero(live):
+            gaps[i].append(top2[i, 1] - top2[i, 0])
+            if toks[i] == eos:
+                live[i] = False
+            else:
+                out[i].append(int(toks[i]))
+        if not live.any():
+            break
+        ys = np.concatenate([ys, toks[:, None]], axis=1)
+    return out, [min(g) for g in gaps]
 
 
 def choose_eos(free: list[list[int]]) -> int:
