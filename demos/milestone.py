@@ -115,8 +115,12 @@ def run_milestone(args: argparse.Namespace) -> int:
         missing = [run_name(*j) for j in jobs if not (runs / run_name(*j) / METRICS).is_file()]
         jobs = [j for j in jobs if run_name(*j) not in missing]
     reuse = args.reuse or args.report_only
+
+    def train(job: tuple[str, str, int]) -> dict:  # a def, not a lambda: mypy must know job
+        return train_one(runs, *job, reuse)
+
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        metrics = list(pool.map(lambda job: train_one(runs, *job, reuse), jobs))
+        metrics = list(pool.map(train, jobs))
     header = {
         "command": "xfmr milestone " + " ".join(sys.argv[2:])
         if sys.argv[1:2] == ["milestone"]

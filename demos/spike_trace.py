@@ -18,6 +18,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     unseen = order[a.steps * batch :][:1000]  # fit's shuffle reads these rows after the run
     val = (data.train_src[unseen], data.train_tgt[unseen])
 
-    optimizers = []
+    optimizers: list[torch.optim.Optimizer] = []
 
     def before_step(optimizer, args, kwargs):
         if not optimizers:
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     hook = register_optimizer_step_pre_hook(before_step)
     params = list(model.parameters())
     previous = [q.detach().clone() for q in params]
-    trace = {"args": vars(a), "grad_norm": [], "update_norm": [], "checks": []}
+    trace: dict[str, Any] = {"args": vars(a), "grad_norm": [], "update_norm": [], "checks": []}
 
     def callback(step: int, rate: float, loss: float) -> None:
         grad = torch.sqrt(sum((q.grad.double() ** 2).sum() for q in params)).item()
@@ -76,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
         v = torch.cat([s["exp_avg_sq"].flatten() for s in state]) / (1 - 0.98**t)
         levels = torch.tensor([0.01, 0.1, 0.5, 0.9], dtype=torch.float64)
         quantiles = torch.quantile(v.sqrt().double()[::4], levels).tolist()  # every 4th: speed
-        check = {"update": step + 1, "rate": rate, "loss": loss, "sqrt_v": quantiles}
+        check: dict[str, Any] = {
+            "update": step + 1,
+            "rate": rate,
+            "loss": loss,
+            "sqrt_v": quantiles,
+        }
         check["val_em"] = teacher_forced(model, *val, 0.1)[0].float().mean().item()
         check["test_em"] = teacher_forced(model, data.test_src, data.test_tgt, 0.1)[0]
         check["test_em"] = check["test_em"].float().mean().item()

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -307,7 +308,7 @@ def train(args: argparse.Namespace) -> int:
     model.cpu()
     save_transformer(model, out)
     wall_s = time.perf_counter() - t0
-    metrics = {
+    metrics: dict[str, Any] = {
         "args": vars(args),
         "task": {
             "name": "reversed-addition",
@@ -451,14 +452,16 @@ def beam_hypotheses(
     scores of the ones it beat.
     """
     params = oracle.read_state_dict(model_dir)
-    src = src.reshape(1, -1).cpu().numpy()
-    mask = src != addition.PAD
-    memory = oracle.encode(params, src, mask)
+    row = src.reshape(1, -1).cpu().numpy()
+    mask = row != addition.PAD
+    memory = oracle.encode(params, row, mask)
     finished = oracle.beam_search(
         params, memory, mask, addition.BOS, addition.EOS, max_len, beam, length_penalty
     )
-    ranked = sorted(finished, key=lambda h: -h.score)  # stable: ties keep the finishing order
-    return [([t for t in h.tokens if t != addition.EOS], h.score) for h in ranked]
+    # beam_search scores every hypothesis it returns
+    scored = [(h.tokens, h.score) for h in finished if h.score is not None]
+    ranked = sorted(scored, key=lambda h: -h[1])  # stable: ties keep the finishing order
+    return [([t for t in tokens if t != addition.EOS], score) for tokens, score in ranked]
 
 
 def run_translate(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 NORMS = ("post", "pre")
+_D = TypeVar("_D", bound=dict[str, Any])  # a state_dict destination, as torch types it
 
 
 @dataclass
@@ -331,9 +332,13 @@ class Transformer(nn.Module):
                 views[name] = (name, None)
         return views
 
+    @overload  # torch's two signatures: into a given destination, or into a new dict
+    def state_dict(self, *, destination: _D, prefix: str = ..., keep_vars: bool = ...) -> _D: ...
+    @overload
+    def state_dict(self, *, prefix: str = ..., keep_vars: bool = ...) -> dict[str, Tensor]: ...
     def state_dict(
         self, *args: Any, destination: Any = None, prefix: str = "", keep_vars: bool = False
-    ) -> dict[str, Tensor]:
+    ) -> Any:
         """The contract's names (CONTRACT.md, "state_dict names"); q/k/v are views of in_proj."""
         if args:
             raise TypeError("state_dict takes keyword arguments only")
@@ -513,8 +518,8 @@ def _beam_search(
     if not finished:  # max_len reached with nothing finished: the live hypotheses finish
         finished = [(logp_ / max(len(t), 1) ** length_penalty, t) for t, logp_ in live]
     best = max(range(len(finished)), key=lambda k: (finished[k][0], -k))
-    tokens = list(finished[best][1])
-    return tokens[:-1] if tokens and tokens[-1] == eos else tokens
+    answer = list(finished[best][1])
+    return answer[:-1] if answer and answer[-1] == eos else answer
 
 
 def translate(

@@ -56,7 +56,7 @@ class TransformerConfig:
         if isinstance(cfg, cls):
             return cfg
         get = cfg.get if isinstance(cfg, dict) else lambda name: getattr(cfg, name)
-        return cls(**{f.name: get(f.name) for f in fields(cls)})
+        return cls(**{f.name: get(f.name) for f in fields(cls)})  # type: ignore[arg-type]  # dict.get: None for a missing field
 
 
 def positional_encoding(start: int, length: int, d_model: int, dtype, device) -> Tensor:
@@ -304,11 +304,11 @@ class Transformer(nn.Module):
         y_t = self._embed(y_prev[:, None], self.tgt_table(), start=t)  # [B, 1, d]
         cross_kv = state.cross_kv
         if cross_kv is None:  # the first step: project the encoder's output once
-            cross_kv = tuple(layer.cross_attn.keys_values(memory) for layer in self.decoder)
+            cross_kv = tuple(layer.cross_attn.keys_values(memory) for layer in self.decoder)  # type: ignore[operator,union-attr]  # torch: ModuleList items are Module
         step_cross_mask = state.src_mask[:, None, None, :]  # [B, 1, 1, S]
         self_kv = []
         for layer, past, layer_cross_kv in zip(self.decoder, state.self_kv, cross_kv, strict=True):
-            y_t, kv = layer.step(y_t, past, layer_cross_kv, step_cross_mask)
+            y_t, kv = layer.step(y_t, past, layer_cross_kv, step_cross_mask)  # type: ignore[operator]  # torch: ModuleList items are Module
             self_kv.append(kv)
         logits = self._logits(y_t)[:, 0]  # [B, V_tgt]
         return logits, DecodeState(t + 1, state.src_mask, tuple(self_kv), cross_kv)
@@ -517,7 +517,7 @@ def _beam_search(
 ) -> list[int]:
     """The pinned beam search over one source row src [1, S]."""
     memory = model.encode(src, src_mask)  # [1, S, d]
-    live = [((), 0.0, model.init_state(src_mask))]  # (tokens, log p, state)
+    live = [((), 0.0, model.init_state(src_mask))]  # type: list[tuple[tuple, float, DecodeState]]  # (tokens, log p, state)
     finished = []  # (tokens ending in eos, score)
     for _ in range(max_len):
         candidates = []

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 if TYPE_CHECKING:  # torch is imported where tensors are made: the harness reads the numpy arrays
     import torch
@@ -100,7 +101,7 @@ def decode_tokens(ids: Sequence[int]) -> str:
     return "".join(TOKENS[i] if 0 <= i < VOCAB else f"<{i}?>" for i in ids)
 
 
-def _check_pairs(pairs: np.ndarray, digits: int) -> np.ndarray:
+def _check_pairs(pairs: npt.ArrayLike, digits: int) -> np.ndarray:
     pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
     ops = operand_range(digits)
     bad = (pairs < ops.start) | (pairs >= ops.stop)
@@ -110,7 +111,7 @@ def _check_pairs(pairs: np.ndarray, digits: int) -> np.ndarray:
     return pairs
 
 
-def source_array(pairs: np.ndarray, digits: int) -> np.ndarray:
+def source_array(pairs: npt.ArrayLike, digits: int) -> np.ndarray:
     """Sources of the sums in `pairs` [N, 2] -> int64 [N, 2n + 1], most significant first."""
     pairs = _check_pairs(pairs, digits)
     place = 10 ** np.arange(digits - 1, -1, -1)  # most significant digit first
@@ -120,21 +121,21 @@ def source_array(pairs: np.ndarray, digits: int) -> np.ndarray:
     return np.concatenate([a, plus, b], axis=1)
 
 
-def encode_sources(pairs: np.ndarray, digits: int) -> torch.Tensor:
+def encode_sources(pairs: npt.ArrayLike, digits: int) -> torch.Tensor:
     """source_array as a LongTensor [N, 2n + 1]."""
     import torch
 
     return torch.from_numpy(source_array(pairs, digits))
 
 
-def encode_targets(pairs: np.ndarray, digits: int) -> torch.Tensor:
+def encode_targets(pairs: npt.ArrayLike, digits: int) -> torch.Tensor:
     """target_array as a LongTensor [N, n + 3]."""
     import torch
 
     return torch.from_numpy(target_array(pairs, digits))
 
 
-def target_array(pairs: np.ndarray, digits: int) -> np.ndarray:
+def target_array(pairs: npt.ArrayLike, digits: int) -> np.ndarray:
     """Targets bos, reversed answer digits, eos, pad... -> int64 [N, n + 3]."""
     pairs = _check_pairs(pairs, digits)
     total = pairs.sum(axis=1, keepdims=True)

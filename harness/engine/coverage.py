@@ -199,9 +199,14 @@ def run_inferring(
     last = list(free)
     for subject in waiting:
         left = []
+        changed = change[subject.name]  # not None: waiting holds only subjects read
         for test in missing[subject.name]:
             base = cells.get((test, BASELINE))
-            cell = None if base is None else inferred_cell(base, change[subject.name], subject.name)
+            cell = (
+                None
+                if base is None or changed is None
+                else inferred_cell(base, changed, subject.name)
+            )
             if cell is None:
                 left.append(test)
             else:

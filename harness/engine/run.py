@@ -139,6 +139,7 @@ def run_subject(
                         cells[test.name] = load_failure
                         on_cell(test, load_failure)
                         continue
+                assert worker is not None  # _start gives a worker or a load failure
                 cell = run_test(test, worker)  # traced: worker.calls holds what loading ran
                 # a traced row gives each test a fresh worker: what a test covers is then what
                 # it runs from a fresh load, never less because an earlier test ran something

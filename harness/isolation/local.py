@@ -122,6 +122,8 @@ def local(folder: Path, paths: tuple[str, ...] = ()) -> Start:
 def _start_windows(request_fd: int, reply_fd: int, common: dict[str, Any]) -> subprocess.Popen:
     """Windows: the pipes' handles made inheritable and handed to the child alone
     (STARTUPINFO's handle list), named in argv; the child opens descriptors on them."""
+    if sys.platform != "win32":  # never: called only where WINDOWS (mypy: the Windows stubs)
+        raise OSError("STARTUPINFO's handle list is Windows only")
     import msvcrt  # Windows only
 
     handles = [msvcrt.get_osfhandle(fd) for fd in (request_fd, reply_fd)]

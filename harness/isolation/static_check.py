@@ -35,6 +35,8 @@ def problems(source: str, filename: str = "<submission>") -> list[str]:
     found = []
     try:
         for node in ast.walk(tree):
+            if not isinstance(node, ast.stmt | ast.expr):
+                continue  # imports are statements or calls, which carry their line
             for name in _imported(node):
                 if name.split(".")[0] in PROTECTED:
                     found.append(f"line {node.lineno}: imports {name}")

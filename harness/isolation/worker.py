@@ -195,14 +195,15 @@ class Worker:
     def _death(self, cause: Exception) -> str:
         """Why the worker stopped answering, from its exit status and the tail of its output."""
         # a worker that crashed closed its pipe as it died: its status is there within a second
-        if self._reap(1.0) is None:
+        status = self._reap(1.0)
+        if status is None:
             self.kill()
             reason = f"worker stopped answering ({cause}) but kept running; killed"
         else:
-            if self.status < 0:
-                reason = f"worker killed by signal {_signal_name(-self.status)}"
+            if status < 0:
+                reason = f"worker killed by signal {_signal_name(-status)}"
             else:
-                reason = f"worker exited with status {self.status}"
+                reason = f"worker exited with status {status}"
             if not isinstance(cause, wire.ChannelClosed):
                 reason += f" after a protocol error ({cause})"
         tail = printable(self.output_tail())

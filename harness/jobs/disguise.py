@@ -16,8 +16,10 @@ from __future__ import annotations
 import ast
 import builtins
 import random
+from typing import cast
 
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+_Definition = ast.FunctionDef | ast.AsyncFunctionDef
 
 
 def disguise(source: str, rng: random.Random) -> str:
@@ -37,7 +39,9 @@ def disguise(source: str, rng: random.Random) -> str:
     return ast.unparse(tree) + "\n"
 
 
-def _drop_docstring(node: ast.Module | ast.ClassDef | ast.FunctionDef) -> None:
+def _drop_docstring(
+    node: ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef,
+) -> None:
     body = node.body
     if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
         if isinstance(body[0].value.value, str):
@@ -98,14 +102,14 @@ def _shuffle_runs(body: list[ast.stmt], rng: random.Random) -> None:
         j = i
         while j < len(body) and isinstance(body[j], ast.FunctionDef | ast.AsyncFunctionDef):
             j += 1
-        run = body[i:j]
-        if len(run) > 1 and not _linked(run):
+        run = body[i:j]  # definitions only
+        if len(run) > 1 and not _linked(cast(list[_Definition], run)):
             rng.shuffle(run)
             body[i:j] = run
         i = max(j, i + 1)
 
 
-def _linked(run: list[ast.stmt]) -> bool:
+def _linked(run: list[_Definition]) -> bool:
     """Do the decorators or defaults of a definition in the run name another of the run (a
     property's setter names its getter)?"""
     names = {f.name for f in run}

@@ -174,9 +174,12 @@ def _test_line(entry: Any, i: int) -> tuple[TestLine, float | None, float] | Non
     status = entry.get("status")
     if status is not None and status not in ("passed", "failed"):
         raise NotResults(f"{where}.status is {status!r}, not 'passed' or 'failed'")
-    if status is None and (score is None or most is None):
+    if status is not None:
+        passed = status == "passed"
+    elif score is None or most is None:
         return None
-    passed = status == "passed" if status is not None else bool(score >= most)
+    else:
+        passed = bool(score >= most)
     output = entry.get("output", "")
     outcome = Outcome.PASSED.value
     if not passed:

@@ -28,10 +28,13 @@ STAFF_FAULT = (
 )
 
 
-class _Test(Protocol):  # a shared test's record (harness.shared_tests.record.Test)
-    name: str
-    points: float
-    visibility: str
+class _Test(Protocol):  # a shared test's record (harness.shared_tests.record.Test, frozen)
+    @property
+    def name(self) -> str: ...
+    @property
+    def points(self) -> float: ...
+    @property
+    def visibility(self) -> str: ...
 
 
 def refusal(

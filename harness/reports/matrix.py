@@ -64,7 +64,7 @@ def text(run: SuiteRun, summary: Summary) -> str:
             expected = catalog.get(s.mutant).killers if s.mutant else ()
             killers = [
                 f"{index[t]}{'*' if t in expected else ''}"
-                for t in sorted(summary.kill_sets[s.name], key=index.get)
+                for t in sorted(summary.kill_sets[s.name], key=index.__getitem__)
             ]
             note = ",".join(killers) if s.kind is Kind.MUTANT else f"{len(killers)} tests"
         lines.append(f"{s.name:<{width}}  {s.kind.value:<8} {cells}  {note}".rstrip())

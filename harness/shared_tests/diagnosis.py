@@ -300,6 +300,7 @@ def stream_finding(
     if hooked is not None:
         want = hooked
     else:
+        assert last is not None  # returned above when neither is there
         want = layer_norm(last, weight, bias, spec.ln_eps) if spec.norm == "pre" else last
     found = judge(reader, read, [Candidate("the stream", want)], mask, a.tol)
     if not found.departs:
@@ -354,6 +355,7 @@ def logits_finding(a: Answer, got: np.ndarray, want: np.ndarray, mask: np.ndarra
     elif relative(centred + want, want, mask) <= a.tol:
         cause = "the logits differ by a constant per position: a softmax-like normalisation"
     elif unread:  # the output layer's input is not hooked: a final norm judged by the logits
+        assert last is not None  # unread only with the decoder's last layer hooked
         weight, bias = final_norm(a, "dec_norm")
         if spec.norm == "pre" and relative(got, output_logits(a.params, last), mask) <= a.tol:
             cause = missing_final_norm("dec_norm")
@@ -382,10 +384,11 @@ def divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]) -> s
     """first_divergence's work, which raises on what it cannot read."""
     if not isinstance(answer, dict):
         raise TypeError(f"the probe's answer is a {type(answer).__name__}, not a mapping")
-    state = answer.get("state_dict")
+    state: Any = answer.get("state_dict")  # the subject's; read_params says if it is unreadable
     params = read_params(state, cfg)
     want = oracle.forward(params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"])
-    tol = tolerance(answer.get("dtype"), "logits")
+    dtype: Any = answer.get("dtype")  # the subject's; tolerance says if none is calibrated
+    tol = tolerance(dtype, "logits")
     logits = batch_first(answer.get("logits"), want.shape, want, b["tgt_mask"])
     if logits.array is None or np.iscomplexobj(logits.array):
         return f"the logits cannot be compared: {logits.reason or 'complex values'}"

@@ -170,8 +170,8 @@ class Reading:
         by_reason: dict[str, list[str]] = {}
         for where, why in self.unjudged:
             by_reason.setdefault(why, []).append(where)
-        for why, where in list(by_reason.items())[:3]:
-            said += f"; {listing(where)}: not judged: {why}"
+        for why, places in list(by_reason.items())[:3]:
+            said += f"; {listing(places)}: not judged: {why}"
         if len(by_reason) > 3:
             more = sum(len(w) for w in list(by_reason.values())[3:])
             said += f"; {more} more boundaries not judged"
@@ -198,7 +198,8 @@ def read_answer(answer: dict[str, Any], params: Any, b: dict, tol: float) -> tup
         """The value batch-first in float64, or None (said unless `quiet`)."""
         array, layout, why = batch_first(value, shape, want.get(key), mask)
         if array is not None and np.iscomplexobj(array):
-            array, why = None, f"complex values (dtype {array.dtype})"
+            why = f"complex values (dtype {array.dtype})"
+            array = None
         if array is None:
             if not quiet:
                 reading.unjudged.append((where, why))

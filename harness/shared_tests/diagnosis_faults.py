@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -105,8 +105,10 @@ def attention_candidates(
             )
         )
     scaled = {**p}
-    for k in ("q_proj.weight", "q_proj.bias"):
-        scaled[k] = p[k] / math.sqrt(h)  # scores / sqrt(d_model) = (Q / sqrt(h)) K^T / sqrt(d_k)
+    for name in ("q_proj.weight", "q_proj.bias"):
+        scaled[name] = p[name] / math.sqrt(
+            h
+        )  # scores / sqrt(d_model) = (Q / sqrt(h)) K^T / sqrt(d_k)
     out.append(
         Candidate(
             "sqrt(d_model)",
@@ -203,7 +205,7 @@ def variant_forward(
     b: dict,
     eps: dict[str, float],
     spec: Any = None,
-    tops: dict[str, tuple | None] | None = None,
+    tops: Mapping[str, tuple[np.ndarray, np.ndarray] | None] | None = None,
 ) -> np.ndarray:
     """The contract's forward pass with `spec` for the layers and, per LayerNorm (a layer's
     prefix, 'enc_norm' or 'dec_norm'), its own eps: the model a hypothesis describes. `tops`
@@ -212,7 +214,7 @@ def variant_forward(
     spec = spec or params.spec
     a = params.arrays
     at = dataclasses.replace
-    finals: dict[str, tuple | None] = {
+    finals: dict[str, tuple[np.ndarray, np.ndarray] | None] = {
         top: (a[f"{top}.weight"], a[f"{top}.bias"]) if spec.norm == "pre" else None
         for top in ("enc_norm", "dec_norm")
     }
@@ -280,8 +282,8 @@ def hypotheses(a: Answer, b: dict) -> Iterator[tuple[str, np.ndarray]]:
                 "eps=cfg.ln_eps to every LayerNorm",
                 variant_forward(params, b, {name: other}),
             )
-    other = "post" if spec.norm == "pre" else "pre"
-    if other == "post":
+    placement = "post" if spec.norm == "pre" else "pre"
+    if placement == "post":
         yield (
             f"the LayerNorm placement: the layers compute post-LN though cfg.norm is '{spec.norm}'",
             variant_forward(params, b, {}, at(spec, norm="post")),

@@ -266,7 +266,11 @@ def contract_defaults() -> dict[str, dict[str, Any]]:
     for node in tree.body:
         if isinstance(node, ast.ClassDef) and node.name == "TransformerConfig":
             for field in node.body:
-                if isinstance(field, ast.AnnAssign) and field.value is not None:
+                if (
+                    isinstance(field, ast.AnnAssign)
+                    and isinstance(field.target, ast.Name)
+                    and field.value is not None
+                ):
                     config[field.target.id] = ast.literal_eval(field.value)
         elif isinstance(node, ast.FunctionDef):
             args = node.args

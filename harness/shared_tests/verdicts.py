@@ -217,7 +217,7 @@ def pair(got: float, want: float) -> str:
     return f"got {a}, expected {b}"
 
 
-def where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
+def where(index: tuple[int | np.integer, ...], axes: tuple[str, ...]) -> str:
     return ", ".join(f"{a} {i}" for a, i in zip(axes, index, strict=False)) or "the value"
 
 

@@ -152,30 +152,30 @@ def _with(node: ast.AST, **changes: Any) -> ast.AST:
 def _candidates(node: ast.AST) -> Iterator[tuple[str, str]]:
     """(operator, replacement text) for every mutation of this node."""
     if isinstance(node, ast.BinOp):
-        ops = _BITOPS if isinstance(node.op, _BITOPS) else _BINOPS
+        ops: tuple[type[ast.operator], ...] = _BITOPS if isinstance(node.op, _BITOPS) else _BINOPS
         if isinstance(node.op, ast.MatMult):
             ops = (ast.Mult,)
         for op in ops:
             if not isinstance(node.op, op):
                 yield "binary_operator_replacement", _expr(_with(node, op=op()))
     elif isinstance(node, ast.Compare) and len(node.ops) == 1:
-        op = node.ops[0]
-        if type(op) in _CMP_PAIRS:
+        cmp = node.ops[0]
+        if type(cmp) in _CMP_PAIRS:
             yield (
                 "comparison_operator_replacement",
-                _expr(_with(node, ops=[_CMP_PAIRS[type(op)]()])),
+                _expr(_with(node, ops=[_CMP_PAIRS[type(cmp)]()])),
             )
         else:
             for other in _CMPOPS:
-                if not isinstance(op, other):
+                if not isinstance(cmp, other):
                     yield "comparison_operator_replacement", _expr(_with(node, ops=[other()]))
     elif isinstance(node, ast.UnaryOp):
         yield "unary_operator_deletion", _expr(node.operand)
         if isinstance(node.op, ast.USub):
             yield "unary_operator_replacement", _expr(_with(node, op=ast.UAdd()))
     elif isinstance(node, ast.BoolOp):
-        other = ast.Or() if isinstance(node.op, ast.And) else ast.And()
-        yield "logical_connector_replacement", _expr(_with(node, op=other))
+        connector = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        yield "logical_connector_replacement", _expr(_with(node, op=connector))
     elif isinstance(node, ast.Constant):
         value = node.value
         if isinstance(value, bool):
@@ -212,6 +212,12 @@ def _statement_candidates(node: ast.stmt) -> Iterator[tuple[str, str]]:
         yield "replace_continue_with_break", "break"
 
 
+def _end(node: ast.stmt | ast.expr) -> tuple[int, int]:
+    """Where a parsed node ends (line, column): the parser sets both on every node."""
+    assert node.end_lineno is not None and node.end_col_offset is not None
+    return node.end_lineno, node.end_col_offset
+
+
 def generate(source: str) -> list[Mutation]:
     """Every first-order mutant of the source that compiles, in source order."""
     tree = ast.parse(source)
@@ -219,10 +225,15 @@ def generate(source: str) -> list[Mutation]:
     skip = _in_fstring_or_docstring(tree)
     found: list[Mutation] = []
 
-    def add(operator: str, node: ast.AST, replacement: str, span: ast.AST | None = None) -> None:
+    def add(
+        operator: str,
+        node: ast.stmt | ast.expr,
+        replacement: str,
+        span: ast.stmt | ast.expr | None = None,
+    ) -> None:
         span = span or node
         start = offset(span.lineno, span.col_offset)
-        end = offset(span.end_lineno, span.end_col_offset)
+        end = offset(*_end(span))
         original = source[start:end]
         if replacement.strip("()") == original.strip("()"):
             return
@@ -234,15 +245,17 @@ def generate(source: str) -> list[Mutation]:
         found.append(m)
 
     for node in ast.walk(tree):
-        if id(node) in skip or not hasattr(node, "lineno"):
+        # statements and expressions: the nodes mutated (the others with a line yield nothing)
+        if id(node) in skip or not isinstance(node, ast.stmt | ast.expr):
             continue
         if isinstance(node, ast.stmt):
             for operator, text in _statement_candidates(node):
-                add(operator, node, text, node.test if operator == "add_not" else None)
+                test = node.test if isinstance(node, ast.If | ast.While) else None
+                add(operator, node, text, test if operator == "add_not" else None)
             if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
                 for deco in node.decorator_list:
                     start = offset(deco.lineno, deco.col_offset - 1)  # the '@'
-                    end = offset(deco.end_lineno, deco.end_col_offset)
+                    end = offset(*_end(deco))
                     m = Mutation(
                         "remove_decorator", deco.lineno, deco.col_offset, source[start:end],
                         "", start, end,

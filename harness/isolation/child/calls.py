@@ -39,4 +39,4 @@ def recorded(filename: str) -> Iterator[set[str]]:
         yield names
     finally:
         sys.settrace(previous)
-        threading.settrace(previous)  # type: ignore[arg-type]
+        threading.settrace(previous)

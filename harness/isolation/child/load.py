@@ -37,7 +37,8 @@ def from_folder(folder: Path, path: Path) -> ModuleType:
     package.__file__ = None
     package.__package__ = FOLDER
     package.__spec__ = importlib.util.spec_from_loader(FOLDER, None, is_package=True)
-    package.__spec__.submodule_search_locations = [str(folder)]
+    # never None: spec_from_loader makes a spec whenever the loader is None (typeshed: Optional)
+    package.__spec__.submodule_search_locations = [str(folder)]  # type: ignore[union-attr]
     sys.modules[FOLDER] = package
     if path.is_dir():
         return from_path(path)

@@ -24,9 +24,9 @@ def channels(argv: list[str]) -> tuple[int, int]:
     import msvcrt  # Windows only
 
     binary = getattr(os, "O_BINARY", 0)
-    return (
-        msvcrt.open_osfhandle(read, os.O_RDONLY | binary),
-        msvcrt.open_osfhandle(write, os.O_WRONLY | binary),
+    return (  # typeshed declares msvcrt's functions for Windows only
+        msvcrt.open_osfhandle(read, os.O_RDONLY | binary),  # type: ignore[attr-defined]
+        msvcrt.open_osfhandle(write, os.O_WRONLY | binary),  # type: ignore[attr-defined]
     )
 
 

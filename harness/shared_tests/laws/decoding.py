@@ -496,7 +496,8 @@ def formula_sensitive_rows(params: Any, cfg: dict, eos: int, max_len: int) -> li
             best = int(np.argmax(logp / length**penalty))  # the first of equal scores
             variants = [(logp + c) / length**penalty for c in (-1.0, 1.0)]
             variants += [logp / length ** (penalty + e) for e in (-0.5, 0.5)]
-            scores = sorted((h.score for h in finished), reverse=True)
+            # beam_search scores every hypothesis it returns
+            scores = sorted((h.score for h in finished if h.score is not None), reverse=True)
             clear = len(scores) < 2 or scores[0] - scores[1] > BEAM_MARGIN
             if clear and any(int(np.argmax(v)) != best for v in variants):
                 chosen.append(row)
@@ -609,11 +610,11 @@ def check_decode_step_reads_a_kv_cache(call: Call) -> None:
         return  # names the reader cannot read: the names test's charge
     memory = oracle.encode(before, src, mask)
     state = oracle.init_state(before, mask)
-    want = []
+    cached = []
     for t, y in enumerate(tokens_):
         logits, state = oracle.decode_step(before if t < KV_CHANGE else after, y, memory, state)
-        want.append(logits)
-    want = np.stack(want, axis=1)
+        cached.append(logits)
+    want = np.stack(cached, axis=1)
     err, scale = errors(got[:, :KV_CHANGE], want[:, :KV_CHANGE], None)
     if err.max(initial=0.0) > tolerance(dtype, "logits") * scale:
         return  # a value fault before any change: the value tests' charge, not this law's

@@ -59,7 +59,10 @@ def check_decoder_is_causal(call: Call) -> None:
                 ref[:, : t + 1],
                 ("row", "position", "token"),
             )
-            want = [oracle.forward(params, **variants[j]) for j in (0, i + 1)]
+            want = [
+                oracle.forward(params, v["src"], v["tgt_in"], v["src_mask"], v["tgt_mask"])
+                for v in (variants[0], variants[i + 1])
+            ]
             moves = np.abs(want[1] - want[0]).max(axis=-1) > DEPENDS
             still = np.abs(np.asarray(got) - ref).max(axis=-1) <= DEPENDS
             blind = np.argwhere(moves & still & variants[0]["tgt_mask"])

@@ -50,7 +50,7 @@ def state_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {name: t for name, t in model.state_dict().items() if name not in buffers}
 
 
-def _span(t: torch.Tensor) -> tuple[int, int, int]:
+def _span(t: torch.Tensor) -> tuple[int, int | torch.SymInt, int | torch.SymInt]:
     """(the storage's address, the first and the last element offset the tensor reads)."""
     last = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True))
     return t.untyped_storage().data_ptr(), t.storage_offset(), last
@@ -140,7 +140,7 @@ def build(
     seed: int = 0,
     only: str | None = None,
     weights: dict[str, np.ndarray] | None = None,
-) -> tuple[torch.nn.Module, str]:
+) -> tuple[Any, str]:  # Any: the subject's torch Module, with the contract's methods
     """The subject's model for `cfg`, in eval mode, and its dtype: initialized under `seed`, then
     given the parent's `weights` (by the subject's own state_dict names) when there are any.
 
