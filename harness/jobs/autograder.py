@@ -269,7 +269,10 @@ def configure_autograder(parser: argparse.ArgumentParser) -> None:
     build_it.add_argument("--out", default="autograder.zip", help="the zip to write")
     build_it.add_argument("--tests", metavar="NAMES", help="comma-separated shared tests to run")
     build_it.add_argument(
-        "--time-limit", type=positive(float), metavar="S", help="cap every test's limit (seconds)"
+        "--time-limit",
+        type=positive(float),
+        metavar="S",
+        help="cap every test's limit (seconds); loading keeps its own limit",
     )
     build_it.add_argument("--user", default="xfmr-student", help="the container tier's user")
     for option, default, what in (

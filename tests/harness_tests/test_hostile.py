@@ -40,8 +40,8 @@ pytestmark = pytest.mark.slow  # one grade-batch of 18 submissions and two mutat
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = Path(__file__).parent / "hostile"
 # The schedule (every overlay's real fault), the golden forward pass (where most attacks fire)
-# and causality (the blind decoder's law). 8 s per test bounds a hang (and a load: a fresh sandbox
-# imports torch in 2-4 s, more on a loaded machine); each takes under 1 s.
+# and causality (the blind decoder's law). 8 s per test bounds a hang; each takes under 1 s.
+# Loading keeps its own limit (a fresh sandbox imports torch in 2-4 s, past 8 s under load).
 TESTS = "test_hand_example_noam,test_golden_torch,test_decoder_is_causal"
 TIME_LIMIT = "8"
 SLEEPER = b"4242.5"  # hostile_detached's grandchild: `sleep 4242.5`
