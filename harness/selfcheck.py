@@ -1,9 +1,10 @@
 """`xfmr check`: a student's self-check, on their own code and their own machine.
 
 `xfmr check transformer.py` runs the shared tests as `xfmr grade` does: the same engine
-(harness.engine.run.run_subject), the same workers, probes and checks, the same messages, the same
-forward-pass diagnosis and the same text. `xfmr check --suite tests/` scores the student's own
-pytest suite by the pitfall mutants it kills, as `xfmr mutation-score` does, with its report.
+(harness.engine.run.run_subject_apart), the same workers, probes and checks, the same messages,
+the same forward-pass diagnosis and the same text. `xfmr check --suite tests/` scores the
+student's own pytest suite by the pitfall mutants it kills, as `xfmr mutation-score` does, with
+its report.
 
 What differs is the trust: the code is the student's own, run by the student on their own
 laptop, so no sandbox walls it in and nothing of bubblewrap, os.fork or AF_UNIX SOCK_SEQPACKET
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
+import os
 import random
 import secrets
 import sys
@@ -34,7 +36,7 @@ from typing import Any
 
 from harness.analysis import Score
 from harness.engine import work
-from harness.engine.run import Launch, run_subject, run_test
+from harness.engine.run import Launch, run_subject_apart, run_test
 from harness.isolation.local import confinement, local, workspace
 from harness.isolation.sandbox import UnsafeInput, staged
 from harness.isolation.worker import (
@@ -92,8 +94,8 @@ def check(
     path = Path(path)
     if time_limit is not None:
         tests = [replace(t, timeout=min(t.timeout, time_limit)) for t in tests]
-    # loading is not a test: a fresh sandbox imports torch in 2-4 s idle and past 8 s on a busy
-    # machine, so a short cap on the tests (a batch's --time-limit 8) must not fail the load
+    # loading is not a test: a fresh worker imports torch in 2-4 s idle and past 8 s on a busy
+    # machine, so a short cap on the tests must not fail the load (as in grade.grade)
     load_timeout = LOAD_TIMEOUT
     shown, path = path, grading.submitted(path)
 
@@ -109,7 +111,8 @@ def check(
     try:
         with launching(path, load_timeout, folder) as launch:
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
-            cells, starts = run_subject(subject, tests, lambda t, c: None, lambda s: launch)
+            apart = grading.APART if (os.cpu_count() or 1) > 1 else ()  # as grade.grade does
+            cells, starts = run_subject_apart(subject, tests, apart, lambda s: launch)
             values = [t for t in tests if t.values]
             failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)
             found = grading._diagnose(launch) if failed else {}
