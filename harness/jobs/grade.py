@@ -74,6 +74,17 @@ from harness.subjects import Kind, Subject
 # first optimizer's import of torch._dynamo) runs on the other core.
 APART = ("test_learns_reversed_addition",)
 
+
+def tests_apart(isolation: str, unsafe: bool = False, cpus: int | None = None) -> tuple[str, ...]:
+    """The tests a grade runs in a worker of their own: APART where a second core is free,
+    none in the container tier. There every worker runs as the one dedicated user, and ending a
+    worker ends every process of that user (harness.isolation.container), so its workers go one
+    at a time: a second one would be killed when the first is closed."""
+    if isolation == CONTAINER_TIER and not unsafe:
+        return ()
+    return APART if (cpus if cpus is not None else os.cpu_count() or 1) > 1 else ()
+
+
 _REASON = {
     Outcome.KILLED: "failed",
     Outcome.ERROR: "crashed",
@@ -153,8 +164,8 @@ def grade(
     folder holding transformer.py and its helper modules), each of its workers isolated as
     `isolation` says: a sandbox of its own, or the container tier's dedicated user (unsafe=True:
     forked without either, for trusted code only). `apart`: tests run in a worker of their own
-    beside the others' (default: APART where this machine has a second core; grade-batch, which
-    grades submissions side by side, gives none).
+    beside the others' (default: `tests_apart`; grade-batch, which grades submissions side by
+    side, gives none).
 
     Whatever the submission does, the answer is a Grade: an error of the grader's own while
     grading it becomes that submission's failing grade with the reason, never an exception."""
@@ -189,7 +200,7 @@ def grade(
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
             try:
                 if apart is None:
-                    apart = APART if (os.cpu_count() or 1) > 1 else ()
+                    apart = tests_apart(isolation, unsafe)
                 cells, starts = run_subject_apart(subject, tests, apart, launch)
                 values = [t for t in tests if t.values]  # a failure there gets the diagnosis
                 failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)
