@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REALWORLD = ROOT / "tests" / "harness_tests" / "realworld"
 REALWORLD_BASES = ("annotated", "fused", "nn_stacks", "functional", "onmt", "fairseq")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {"float64": torch.float64, **DTYPES}
 
 
 @dataclass(frozen=True)
@@ -132,12 +133,19 @@ def subjects(realworld: bool = True) -> dict[str, Callable[[dict], torch.nn.Modu
 
 
 def run_subject(
-    build: Callable[[dict], torch.nn.Module], case: Case, dtype: str, trace: bool = False
+    build: Callable[[dict], torch.nn.Module],
+    case: Case,
+    dtype: str,
+    trace: bool = False,
+    patch: Callable[[torch.nn.Module], None] | None = None,
 ) -> tuple[Any, np.ndarray, dict[str, np.ndarray]]:
     """(the oracle's Params of the weights pushed, the subject's logits in `dtype` as float64,
-    the outputs of its modules named like the oracle's trace, when `trace`)."""
+    the outputs of its modules named like the oracle's trace, when `trace`); `patch` changes the
+    model (a fault) after it is built."""
     torch.manual_seed(case.seed)
     model = build(case.cfg).eval()
+    if patch is not None:
+        patch(model)
     state = model.state_dict()
     shapes = {k: list(v.shape) for k, v in state.items()}
     first: dict[int, str] = {}
@@ -145,7 +153,7 @@ def run_subject(
     weights = draw_weights(shapes, case.cfg, case.seed, aliases)
     model.load_state_dict({k: torch.tensor(v) for k, v in weights.items()})
     params, _ = readable(weights, case.cfg)
-    model.to(DTYPES[dtype])
+    model.to(TORCH_DTYPES[dtype])
     seen: dict[str, np.ndarray] = {}
     if trace:
         for name, module in model.named_modules():
