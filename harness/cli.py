@@ -21,6 +21,18 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "oracle vs impl agreement for both norms (a quick health check)",
     ),
     "bench": ("harness.tools.bench", "oracle vs torch float64 speed, forward and backward"),
+    "bound-check": (
+        "harness.tools.bound_check",
+        "honest subjects in float32/bfloat16/float16 against the oracle's derived error bound",
+    ),
+    "compare": (
+        "harness.tools.compare",
+        "your model's outputs (any dtype) against the oracle within the derived error bound",
+    ),
+    "detection": (
+        "harness.tools.detection",
+        "the smallest fault of each classic kind the derived bound detects, per dtype",
+    ),
     "bench-engine": (
         "harness.tools.bench_engine",
         "local vs Dask executors, and the incremental cache (needs the [dist] extra)",

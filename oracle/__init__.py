@@ -2,7 +2,8 @@
 
 Read top to bottom: ops.py (the primitives), layers.py (sublayers and layers), model.py (the
 stacks), decoding.py (KV-cached steps, beam search), loss.py (label smoothing, Noam),
-grads.py (the backward pass, chained from the backwards beside each forward), params.py. Then
+grads.py (the backward pass, chained from the backwards beside each forward), params.py,
+error_bounds.py (how far an honest subject in float32, bfloat16 or float16 may be). Then
 readers/ (state_dict.py: any subject's parameters; marian.py: Hugging Face Marian checkpoints)
 and adapters/ (flax_block.py: seed 002's Flax pre-LN decoder block; depth_stacks.py: seed 004's
 shared-weight stacks).
@@ -27,6 +28,7 @@ from oracle.decoding import (
     init_state,
     translate,
 )
+from oracle.error_bounds import ForwardBounds, forward_bounds, label_smoothed_loss_bound
 from oracle.grads import loss_and_grads
 from oracle.loss import label_smoothed_loss, noam_rate
 from oracle.model import decode, encode, forward
@@ -36,6 +38,7 @@ from oracle.readers.state_dict import SCHEMES, StateDictError, read_state_dict, 
 __all__ = [
     "SCHEMES",
     "DecodeState",
+    "ForwardBounds",
     "Hypothesis",
     "ModelSpec",
     "Params",
@@ -47,8 +50,10 @@ __all__ = [
     "encode",
     "flax_decoder_block",
     "forward",
+    "forward_bounds",
     "init_state",
     "label_smoothed_loss",
+    "label_smoothed_loss_bound",
     "loss_and_grads",
     "noam_rate",
     "post_norm_block",
