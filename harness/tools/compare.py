@@ -205,7 +205,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.emit_inputs is not None:
         if len(files) != 1:
             raise UsageError("--emit-inputs takes one FILE: the CONFIG")
-        np.savez(args.emit_inputs, **default_inputs(_load_config(files[0]), args.seed))
+        arrays: dict[str, Any] = default_inputs(_load_config(files[0]), args.seed)
+        np.savez(args.emit_inputs, **arrays)
         print(f"wrote {args.emit_inputs}")
         return 0
     if len(files) != 3:

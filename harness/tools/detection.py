@@ -64,12 +64,12 @@ def _float32_pe(start: int, length: int, d_model: int, dtype: Any, device: Any) 
 
 
 def _pe_float32(_length: float) -> Patch:
-    def patch(model: torch.nn.Module) -> None:
+    def patch(model: Any) -> None:  # impl's Transformer: its cfg and _embed
         def embed(ids: torch.Tensor, table: torch.Tensor, start: int = 0) -> torch.Tensor:
             x = torch.nn.functional.embedding(ids, table) * math.sqrt(model.cfg.d_model)
             return x + _float32_pe(start, ids.size(1), model.cfg.d_model, x.dtype, x.device)
 
-        model._embed = embed  # type: ignore[method-assign]
+        model._embed = embed
 
     return patch
 
