@@ -8,7 +8,8 @@ functions, parameters, attributes and state_dict names):
 - local variables of every function get random names (parameters, globals, closures, names
   bound by imports or by `except ... as` kept consistent);
 - runs of consecutive function definitions (at module level and in class bodies) are shuffled
-  where no definition's decorators or defaults name another of the run.
+  where no definition's decorators or defaults name another of the run and no two bind one
+  name (overloads, redefinitions).
 """
 
 from __future__ import annotations
@@ -111,8 +112,11 @@ def _shuffle_runs(body: list[ast.stmt], rng: random.Random) -> None:
 
 def _linked(run: list[_Definition]) -> bool:
     """Do the decorators or defaults of a definition in the run name another of the run (a
-    property's setter names its getter)?"""
+    property's setter names its getter), or do two of them bind one name (typing's overloads
+    and their implementation, a redefinition: the last one stands, so their order is meaning)?"""
     names = {f.name for f in run}
+    if len(names) < len(run):
+        return True
     for f in run:
         evaluated = [*f.decorator_list, *f.args.defaults, *f.args.kw_defaults]
         for expr in filter(None, evaluated):
