@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import os
 import random
 import secrets
 import sys
@@ -111,7 +110,7 @@ def check(
     try:
         with launching(path, load_timeout, folder) as launch:
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
-            apart = grading.APART if (os.cpu_count() or 1) > 1 else ()  # as grade.grade does
+            apart = grading.tests_apart()  # plain subprocesses: as a grade's sandboxes
             cells, starts = run_subject_apart(subject, tests, apart, lambda s: launch)
             values = [t for t in tests if t.values]
             failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)

@@ -75,12 +75,12 @@ from harness.subjects import Kind, Subject
 APART = ("test_learns_reversed_addition",)
 
 
-def tests_apart(isolation: str, unsafe: bool = False, cpus: int | None = None) -> tuple[str, ...]:
-    """The tests a grade runs in a worker of their own: APART where a second core is free,
-    none in the container tier. There every worker runs as the one dedicated user, and ending a
-    worker ends every process of that user (harness.isolation.container), so its workers go one
-    at a time: a second one would be killed when the first is closed."""
-    if isolation == CONTAINER_TIER and not unsafe:
+def tests_apart(one_user: bool = False, cpus: int | None = None) -> tuple[str, ...]:
+    """The tests a grade runs in a worker of their own: APART where a second core is free, none
+    where every worker runs as one user (the container tier: ending a worker ends every process
+    of that user, harness.isolation.container, so a second worker would be killed when the
+    first is closed)."""
+    if one_user:
         return ()
     return APART if (cpus if cpus is not None else os.cpu_count() or 1) > 1 else ()
 
@@ -200,7 +200,7 @@ def grade(
             subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
             try:
                 if apart is None:
-                    apart = tests_apart(isolation, unsafe)
+                    apart = tests_apart(one_user=isolation == CONTAINER_TIER and not unsafe)
                 cells, starts = run_subject_apart(subject, tests, apart, launch)
                 values = [t for t in tests if t.values]  # a failure there gets the diagnosis
                 failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)

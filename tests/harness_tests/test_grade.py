@@ -340,7 +340,6 @@ def test_a_batch_whose_every_submission_is_rejected_has_no_hardest_test():
 def test_the_learning_test_runs_apart_except_in_the_container_tier():
     # the container tier's workers are one user, and ending a worker ends every process of that
     # user: a second worker beside the first would die when the first is closed
-    assert grade.tests_apart("sandbox", cpus=2) == grade.APART == ("test_learns_reversed_addition",)
-    assert grade.tests_apart("sandbox", cpus=1) == ()
-    assert grade.tests_apart("container", cpus=16) == ()
-    assert grade.tests_apart("container", unsafe=True, cpus=2) == grade.APART
+    assert grade.tests_apart(cpus=2) == grade.APART == ("test_learns_reversed_addition",)
+    assert grade.tests_apart(cpus=1) == ()
+    assert grade.tests_apart(one_user=True, cpus=16) == ()
