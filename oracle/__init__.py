@@ -3,7 +3,8 @@
 Read top to bottom: ops.py (the primitives), layers.py (sublayers and layers), model.py (the
 stacks), decoding.py (KV-cached steps, beam search), loss.py (label smoothing, Noam),
 grads.py (the backward pass, chained from the backwards beside each forward), params.py,
-error_bounds.py (how far an honest subject in float32, bfloat16 or float16 may be). Then
+error_bounds.py (how far an honest subject in float32, bfloat16 or float16 may be) and
+roundoff.py (the same bound for any oracle function, gradients included). Then
 readers/ (state_dict.py: any subject's parameters; marian.py: Hugging Face Marian checkpoints)
 and adapters/ (flax_block.py: seed 002's Flax pre-LN decoder block; depth_stacks.py: seed 004's
 shared-weight stacks).
@@ -29,11 +30,12 @@ from oracle.decoding import (
     translate,
 )
 from oracle.error_bounds import ForwardBounds, forward_bounds, label_smoothed_loss_bound
-from oracle.grads import loss_and_grads
+from oracle.grads import logits_loss_and_grads, loss_and_grads
 from oracle.loss import label_smoothed_loss, noam_rate
 from oracle.model import decode, encode, forward
 from oracle.params import ModelSpec, Params
 from oracle.readers.state_dict import SCHEMES, StateDictError, read_state_dict, register_scheme
+from oracle.roundoff import bounded
 
 __all__ = [
     "SCHEMES",
@@ -45,6 +47,7 @@ __all__ = [
     "StateDictError",
     "beam_search",
     "best_hypothesis",
+    "bounded",
     "decode",
     "decode_step",
     "encode",
@@ -54,6 +57,7 @@ __all__ = [
     "init_state",
     "label_smoothed_loss",
     "label_smoothed_loss_bound",
+    "logits_loss_and_grads",
     "loss_and_grads",
     "noam_rate",
     "post_norm_block",

@@ -70,7 +70,7 @@ def decode_step(
     t = state.position
     cross_kv = state.cross_kv
     if cross_kv is None:
-        memory = np.asarray(memory, dtype=params.dtype)
+        memory = np.asanyarray(memory, dtype=params.dtype)
         if memory.shape != (B, state.src_mask.shape[1], spec.d_model):
             raise ValueError(
                 f"memory has shape {memory.shape}, expected (B, S, d) = "

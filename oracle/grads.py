@@ -35,8 +35,9 @@ def forward_for_grads(
     tgt_mask: Any,
     eps: float,
     pad_id: int,
-) -> tuple[float, np.ndarray, Cache, Cache]:
-    """The forward pass keeping every cache: (loss, dL/dlogits, encoder cache, decoder cache)."""
+) -> tuple[np.ndarray, float, np.ndarray, Cache, Cache]:
+    """The forward pass keeping every cache: (logits, loss, dL/dlogits, encoder cache, decoder
+    cache)."""
     src, src_mask = check_src(params, src, src_mask)
     tgt_in, tgt_mask = check_tgt(params, tgt_in, tgt_mask, src.shape[0])
     tgt_out = np.asarray(tgt_out)
@@ -45,7 +46,7 @@ def forward_for_grads(
     memory, enc_cache = encoder_stack(params, src, src_mask, None, keep=True)
     logits, dec_cache = decoder_stack(params, tgt_in, memory, src_mask, tgt_mask, None, keep=True)
     loss, dlogits = label_smoothed_loss(logits, tgt_out, eps, pad_id)
-    return loss, dlogits, enc_cache, dec_cache
+    return logits, loss, dlogits, enc_cache, dec_cache
 
 
 def backward(
@@ -81,7 +82,7 @@ def loss_and_grads(
     unknown = set(wrt) - set(WRT)
     if unknown:
         raise ValueError(f"wrt may name {WRT}, got {sorted(unknown)}")
-    loss, dlogits, enc_cache, dec_cache = forward_for_grads(
+    _, loss, dlogits, enc_cache, dec_cache = forward_for_grads(
         params, src, tgt_in, tgt_out, src_mask, tgt_mask, eps, pad_id
     )
     grads, dmemory = backward(params, dlogits, enc_cache, dec_cache)
@@ -89,3 +90,22 @@ def loss_and_grads(
         return loss, grads
     extra = {"logits": dlogits, "memory": dmemory}
     return loss, grads, {name: extra[name] for name in wrt}
+
+
+def logits_loss_and_grads(
+    params: Params,
+    src: Any,
+    tgt_in: Any,
+    tgt_out: Any,
+    src_mask: Any,
+    tgt_mask: Any,
+    eps: float,
+    pad_id: int,
+) -> tuple[np.ndarray, float, Grads]:
+    """(logits, loss, grads): forward's logits with loss_and_grads' loss and gradients, from one
+    forward pass (what the golden test compares, and bounds with oracle.roundoff)."""
+    logits, loss, dlogits, enc_cache, dec_cache = forward_for_grads(
+        params, src, tgt_in, tgt_out, src_mask, tgt_mask, eps, pad_id
+    )
+    grads, _ = backward(params, dlogits, enc_cache, dec_cache)
+    return logits, loss, grads

@@ -17,7 +17,7 @@ def label_smoothed_loss(
     Returns (loss, dloss/dlogits); the gradient is (p - q) / N on the N non-pad rows, 0 on pad rows.
     A target equal to pad_id contributes nothing, not even to N (section 5.4 plus the pad rule).
     """
-    z = np.asarray(logits)
+    z = np.asanyarray(logits)  # an array subclass stays one (oracle.roundoff's)
     if z.dtype not in FLOATS:
         z = z.astype(np.float64)
     t = np.asarray(targets)

@@ -221,7 +221,7 @@ def decode(
     params: Params, tgt_in: Any, memory: Any, src_mask: Any, tgt_mask: Any, trace: bool = False
 ):
     """The logits [B, T, V_tgt] of the decoder reading `memory`; with trace, (logits, trace)."""
-    memory = np.asarray(memory, dtype=params.dtype)
+    memory = np.asanyarray(memory, dtype=params.dtype)
     src_mask = np.asarray(src_mask)
     if src_mask.dtype != bool:
         raise TypeError(f"src_mask must be bool (True = a real token), got {src_mask.dtype}")

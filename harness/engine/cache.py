@@ -7,7 +7,7 @@ outcome:
   so a one-line change of one mutant's patch changes that mutant's row only);
 - the test: its record (name, time limit) and its check's code with every helper of its module it
   reaches by name (a change to one check changes that column only);
-- what every check shares: the verdicts, the inputs and the calibrated data (harness/data, the
+- what every check shares: the verdicts, the inputs and the derived data (harness/data, the
   expectation file aside), the oracle's source, the probes and the rest of the worker's code, the
   wire format, the engine and the outcome rules;
 - the versions of Python, numpy and torch, and the machine kind.
@@ -58,7 +58,7 @@ SHARED = (
     "harness/shared_tests/inputs.py",
     "harness/shared_tests/verdicts.py",
     "harness/shared_tests/record.py",
-    "harness/data",  # calibrated tolerances and bars (the expectation file is left out below)
+    "harness/data",  # the learning bar (the expectation file is left out below)
     "harness/isolation/child",
     "harness/isolation/worker.py",
     "harness/isolation/forkserver.py",

@@ -111,6 +111,23 @@ def unjudgeable(e: Exception) -> str:
     return f"the answer could not be judged: {type(e).__name__}: {str(e)[:300]}{at}"
 
 
+def warm_up(tests: Sequence[Test]) -> None:
+    """Start the tests' parent-side work (Test.warm) in the background, a daemon thread each (an
+    exit never waits for one): the oracle's bounds for the run's draws, which a test's check
+    then finds computed, or being computed (one computation per key: subjects that share the
+    draws share it). What it raises is the check's to meet again, in its own run: dropped here."""
+
+    def quietly(work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Exception:
+            pass
+
+    for test in tests:
+        if test.warm is not None:
+            threading.Thread(target=quietly, args=(test.warm,), daemon=True).start()
+
+
 def run_subject(
     subject: Subject,
     tests: Sequence[Test],
@@ -126,6 +143,7 @@ def run_subject(
     worker: Worker | None = None
     load_failure: Cell | None = None  # a subject that cannot load fails every test the same way
     starts: list[float] = []
+    warm_up(tests)
     try:
         for test in tests:
             if load_failure is not None:
@@ -350,8 +368,8 @@ def print_progress(subject: Subject, test: Test, cell: Cell, done: int, total: i
 
 @contextmanager
 def trusted_call(subject: Subject, timeout: float = 600.0) -> Iterator[Call]:
-    """`call` on a trusted subject's worker, for the tools that derive bars and calibrate
-    tolerances from impl or the torch copy: the same probes and wire as a test's."""
+    """`call` on a trusted subject's worker, for the tools that derive bars from impl or check
+    bounds on the torch copy: the same probes and wire as a test's."""
     worker = trusted(subject).worker()
     try:
         yield lambda probe, **inputs: worker.call(probe, time.monotonic() + timeout, **inputs)

@@ -60,11 +60,7 @@ from harness.shared_tests.diagnosis_faults import (
 from harness.shared_tests.inputs import forward_inputs, golden_inputs, golden_weights
 from harness.shared_tests.layout import TIME_FIRST, batch_first
 from harness.shared_tests.record import Call, Failure
-from harness.shared_tests.verdicts import (
-    assert_holds,
-    read_params,
-    tolerance,
-)
+from harness.shared_tests.verdicts import assert_holds, derived, read_params
 from oracle.layers import decoder_layer, encoder_layer
 from oracle.model import embed, output_logits, source_attention_mask, target_attention_mask
 from oracle.ops import gelu, layer_norm, log_softmax, relu
@@ -367,6 +363,11 @@ def logits_finding(a: Answer, got: np.ndarray, want: np.ndarray, mask: np.ndarra
     return Finding("logits", relative(got, want, mask), cause=cause)
 
 
+def traced_forward(params: Any, src: Any, tgt_in: Any, src_mask: Any, tgt_mask: Any) -> tuple:
+    """oracle.forward with its trace: (logits, {boundary: value})."""
+    return oracle.forward(params, src, tgt_in, src_mask, tgt_mask, trace=True)
+
+
 def first_divergence(answer: Any, cfg: dict, b: dict[str, np.ndarray]) -> str:
     """The diagnosis of one config's forward pass, in a sentence or two. It never raises: the
     subject's answer is any plain data, and an error the diagnosis meets on it is said for this
@@ -374,7 +375,7 @@ def first_divergence(answer: Any, cfg: dict, b: dict[str, np.ndarray]) -> str:
     try:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN in, NaN said
             return divergence(answer, cfg, b)
-    except Failure as e:  # the weights cannot be read, or no tolerance fits: nothing to compare
+    except Failure as e:  # the weights cannot be read, or no error model fits: nothing to compare
         return f"cannot compare: {e}"
     except Exception as e:  # the boundary: the diagnosis's own logic stays strict inside
         return f"no diagnosis: {type(e).__name__}: {str(e)[:300]}"
@@ -386,9 +387,23 @@ def divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]) -> s
         raise TypeError(f"the probe's answer is a {type(answer).__name__}, not a mapping")
     state: Any = answer.get("state_dict")  # the subject's; read_params says if it is unreadable
     params = read_params(state, cfg)
-    want = oracle.forward(params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"])
-    dtype: Any = answer.get("dtype")  # the subject's; tolerance says if none is calibrated
-    tol = tolerance(dtype, "logits")
+    dtype: Any = answer.get("dtype")  # the subject's; `derived` says if it has no error model
+    (want, trace), (bound, trace_bound) = derived(
+        traced_forward,
+        params,
+        b["src"],
+        b["tgt_in"],
+        b["src_mask"],
+        b["tgt_mask"],
+        dtype=dtype,
+        rows=True,
+    )
+    # one relative tolerance for the walk's every comparison (a diagnosis, never a verdict): the
+    # loosest of the logits' and every traced boundary's largest derived bound over its scale
+    tol = max(
+        float(np.max(v, initial=0.0)) / max(1.0, float(np.abs(w).max(initial=0.0)))
+        for v, w in [(bound, want), *((trace_bound[k], trace[k]) for k in trace)]
+    )
     logits = batch_first(answer.get("logits"), want.shape, want, b["tgt_mask"])
     if logits.array is None or np.iscomplexobj(logits.array):
         return f"the logits cannot be compared: {logits.reason or 'complex values'}"

@@ -39,6 +39,10 @@ class Test:
     points: float = 5.0  # what passing it earns in `xfmr grade`
     values: bool = False  # compares values with the oracle's: a failure gets the diagnosis
     visibility: str = "visible"  # Gradescope's visibility of its result
+    # parent-side work that depends on the run's draws only, never on the subject (the oracle's
+    # bounds for the contract's layout): started in the background as a subject's run begins,
+    # so that it overlaps with the worker; the check finds it done, or waits for it
+    warm: Callable[[], None] | None = None
 
 
 REGISTRY: list[Test] = []
@@ -52,6 +56,7 @@ def law(
     points: float = 5.0,
     values: bool = False,
     visibility: str = "visible",
+    warm: Callable[[], None] | None = None,
 ) -> Callable[[Callable[[Call], None]], Callable[[Call], None]]:
     """Register the decorated check as the shared test `name`."""
     if visibility not in VISIBILITIES:
@@ -60,7 +65,7 @@ def law(
     def register(check: Callable[[Call], None]) -> Callable[[Call], None]:
         if any(t.name == name for t in REGISTRY):
             raise ValueError(f"a shared test named {name!r} is registered twice")
-        REGISTRY.append(Test(name, statement, check, timeout, points, values, visibility))
+        REGISTRY.append(Test(name, statement, check, timeout, points, values, visibility, warm))
         return check
 
     return register

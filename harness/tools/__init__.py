@@ -1,2 +1,2 @@
 """Commands for the staff, not the students: the smoke check and the benchmark of the oracle, and
-the derivations of the stored bars and tolerances (learning_bar, calibrate)."""
+the derivation of the stored learning bar (learning_bar)."""

@@ -233,7 +233,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     def oracle_train_split() -> None:
         """loss_and_grads' two halves, the backward's clocks kept on their own."""
-        _, dlogits, enc_cache, dec_cache = forward_for_grads(
+        _, _, dlogits, enc_cache, dec_cache = forward_for_grads(
             params, src_np, tgt_np, out_np, mask_np, mask_np, EPS, PAD
         )
         backward_clocks.append(timed(lambda: backward(params, dlogits, enc_cache, dec_cache)))

@@ -21,7 +21,7 @@ ROLES = {
     "reports": "renderers and the atomic writer",
     "shared_tests": "the laws (checks) and what they judge with",
     "tools": "measurements whose results go under results/",
-    "data": "expectations and calibrated figures (no code)",
+    "data": "expectations and derived figures (no code)",
 }
 
 

@@ -147,7 +147,7 @@ class Transformer(torch_copy.Transformer):
 """
 
 
-def test_a_float32_only_subject_is_judged_with_the_calibrated_tolerances(tmp_path):
+def test_a_float32_only_subject_is_judged_with_bounds_derived_for_float32(tmp_path):
     path = tmp_path / "float32_only.py"
     path.write_text(FLOAT32_ONLY)
     subject = Subject("f32", Kind.SUBMISSION, path=str(path))

@@ -69,7 +69,7 @@ def test_a_forward_keeps_no_layer_cache_and_a_backward_frees_each(norm):
     src, _, _, src_mask, _, _, _ = args
     _, alone = encoder_stack(params, src.numpy(), src_mask.numpy(), None)
     assert alone["layers"] == []  # law: a forward alone drops each layer's arrays after it
-    _, dlogits, enc_cache, dec_cache = forward_for_grads(params, *args)
+    _, _, dlogits, enc_cache, dec_cache = forward_for_grads(params, *args)
     assert len(enc_cache["layers"]) == 2 and len(dec_cache["layers"]) == 2
     backward(params, dlogits, enc_cache, dec_cache)
     # law: the backward takes each layer's cache as it runs (autograd frees saved tensors so)

@@ -145,7 +145,7 @@ def build(
     given the parent's `weights` (by the subject's own state_dict names) when there are any.
 
     float64 where the subject runs in it (a tiny forward pass tells); otherwise the same model
-    rebuilt in float32, whose tolerances the parent calibrated on the float32 torch copy.
+    rebuilt in float32, whose bounds the parent derives for float32.
     `only` ("float32" or "float64") skips the choice.
     """
     dtypes = (torch.float64, torch.float32) if only is None else (getattr(torch, only),)
