@@ -20,11 +20,27 @@ from harness.isolation.sandbox import (
     SandboxUnavailable,
     tier_check,
 )
+from harness.shared_tests.inputs import RUN_DTYPES, set_run_dtype
 
 # How a run's workers ran; an unsafe run says so in every report.
 SANDBOX = "bubblewrap sandbox, one per worker"
 CONTAINER = "container tier: a dedicated unprivileged user, no namespaces (--isolation container)"
 UNSAFE = "UNSAFE: no sandbox (--unsafe-no-sandbox); for trusted code only"
+
+
+def add_dtype(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dtype",
+        choices=RUN_DTYPES,
+        default=None,
+        help="build every model of the run in this dtype (default: float64 where the subject "
+        "runs in it, else float32); each value is judged against its bound derived for it",
+    )
+
+
+def apply_dtype(args: argparse.Namespace) -> None:
+    """The run's dtype, for the weights the parent draws and the workers' models."""
+    set_run_dtype(getattr(args, "dtype", None))
 
 
 def usage_error(command: str, message: str) -> int:

@@ -46,6 +46,7 @@ from harness.engine.run import Progress
 from harness.engine.work import Executor
 from harness.outcomes import Outcome
 from harness.records import Cell, SuiteRun
+from harness.shared_tests.inputs import run_dtype
 from harness.shared_tests.record import Test
 from harness.subjects import Subject
 
@@ -162,7 +163,9 @@ def cell_keys(tests: Sequence[Test], subjects: Sequence[Subject]) -> dict[tuple[
     # each subject's source hashed once, not once per test
     loads = {s.name: fingerprint.digest(s.payload()) for s in subjects}
     return {
-        (t.name, s.name): fingerprint.digest("matrix-cell", shared, _test_code(t), loads[s.name])
+        (t.name, s.name): fingerprint.digest(
+            "matrix-cell", shared, _test_code(t), loads[s.name], run_dtype() or "float64 or float32"
+        )
         for t in tests
         for s in subjects
     }

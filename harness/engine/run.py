@@ -34,7 +34,7 @@ from harness.isolation.worker import (
 )
 from harness.outcomes import Outcome
 from harness.records import Cell, SuiteRun
-from harness.shared_tests.inputs import draw_secret, set_draw_secret
+from harness.shared_tests.inputs import draw_secret, run_dtype, set_draw_secret, set_run_dtype
 from harness.shared_tests.record import Call, Failure, Test
 from harness.subjects import Subject
 
@@ -209,11 +209,17 @@ def run_subject_apart(
     return {t.name: cells[t.name] for t in tests}, starts
 
 
+DTYPE_TIMEOUT = 10.0  # seconds for the worker to take the run's dtype (a module global set)
+
+
 def _start(launch: Launch, trace: bool = False) -> tuple[Worker | None, Cell | None]:
     """A loaded worker, or the cell that its failure to load gives every test."""
     start = time.monotonic()
     try:
-        return launch.worker(trace), None
+        worker = launch.worker(trace)
+        if run_dtype() is not None:  # the harness's own probe: every model in the run's dtype
+            worker.call("use_dtype", time.monotonic() + DTYPE_TIMEOUT, dtype=run_dtype())
+        return worker, None
     except SubjectRaised as e:  # the subject raised at import: every test fails on it
         cell = Cell(Outcome.KILLED, str(e), time.monotonic() - start)
     except WorkerTimeout:
@@ -321,6 +327,7 @@ def _row_unit(
             "tests": tests_,
             "trace": trace,
             "draw": draw,
+            "dtype": run_dtype(),
         }
 
     def lost(why: str) -> Row:
@@ -339,6 +346,7 @@ def run_row(payload: dict[str, Any]) -> dict[str, Any]:
     tests = [BY_NAME[name] for name in payload["tests"]]
     if "draw" in payload:
         set_draw_secret(payload["draw"])
+    set_run_dtype(payload.get("dtype"))
     t0 = time.monotonic()
     spec = payload["load"]
     launch = lambda s: Launch(forked, spec)  # noqa: E731

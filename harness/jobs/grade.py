@@ -48,7 +48,9 @@ from harness.options import (
     CONTAINER,
     SANDBOX,
     UNSAFE,
+    add_dtype,
     add_isolation,
+    apply_dtype,
     isolation_problem,
     positive,
     usage_error,
@@ -61,7 +63,7 @@ from harness.reports.gradescope import gradescope, refusal
 from harness.reports.safe import to_csv
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.diagnosis import diagnose
-from harness.shared_tests.inputs import draw_secret, set_draw_secret
+from harness.shared_tests.inputs import draw_secret, run_dtype, set_draw_secret, set_run_dtype
 from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 from harness.shared_tests.record import VISIBILITIES, Test
 from harness.subjects import Kind, Subject
@@ -365,6 +367,7 @@ def configure_grade(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gradescope", metavar="FILE", help="Gradescope's results.json")
     _add_gradescope(parser)
     _add_limits(parser)
+    add_dtype(parser)
     parser.add_argument(
         "--isolation",
         choices=TIERS,
@@ -376,6 +379,7 @@ def configure_grade(parser: argparse.ArgumentParser) -> None:
 
 
 def run_grade(args: argparse.Namespace) -> int:
+    apply_dtype(args)
     reports = [p for p in (args.json, args.junit, args.gradescope) if p]
     for path in reports:
         if problem := report_path_problem(path):
@@ -489,6 +493,7 @@ def _grade_unit(
             files = {"unreadable": f"{type(e).__name__}: {e}"}
         return {
             "draw": draw_secret(),  # every grade of a batch judges on the same draws
+            "dtype": run_dtype(),
             "shown": str(path),
             "files": files,
             "tests": [t.name for t in tests],
@@ -521,6 +526,7 @@ def grade_shipped(payload: dict[str, Any]) -> dict[str, Any]:
     limits = Limits(**payload["limits"])
     if "draw" in payload:
         set_draw_secret(payload["draw"])
+    set_run_dtype(payload.get("dtype"))
     with tempfile.TemporaryDirectory(prefix="xfmr-shipped-") as folder:
         path = Path(folder) / shown.name
         if "unreadable" in payload["files"]:
@@ -551,10 +557,12 @@ def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=positive(int), default=os.cpu_count() or 1, help="at once")
     _add_gradescope(parser)
     _add_limits(parser)
+    add_dtype(parser)
     work.add_scheduler(parser)
 
 
 def run_grade_batch(args: argparse.Namespace) -> int:
+    apply_dtype(args)
     folder = Path(args.folder)
     paths = submissions(folder) if folder.is_dir() else []
     if not paths:

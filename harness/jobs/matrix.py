@@ -28,6 +28,7 @@ from harness.engine.cache import Store, default_root, incremental_suite
 from harness.engine.coverage import inferred_line, run_inferring
 from harness.engine.run import print_progress, run_suite
 from harness.isolation import forkserver
+from harness.options import add_dtype, apply_dtype
 from harness.records import SuiteRun
 from harness.reports import matrix as reports
 from harness.reports.safe import to_csv
@@ -94,6 +95,7 @@ def configure_matrix(parser: argparse.ArgumentParser) -> None:
         "--show-patches", action="store_true", help="print every mutant as a diff of impl; no run"
     )
     work.add_scheduler(parser)
+    add_dtype(parser)
     parser.add_argument(
         "--incremental", action="store_true", help="run only the cells whose inputs changed"
     )
@@ -130,6 +132,14 @@ def run_matrix(args: argparse.Namespace) -> int:
     if args.show_patches:
         print(show_patches())
         return 0
+    if args.dtype is not None and args.update_expected:
+        print(
+            f"xfmr matrix: {EXPECTED.name} holds the default run's outcomes; --update-expected "
+            "takes no --dtype (--check compares a run in another dtype with it)",
+            file=sys.stderr,
+        )
+        return 2
+    apply_dtype(args)
     subjects, tests = matrix_subjects(), list(SHARED_TESTS)
     for option, names, known in (
         ("--only", args.only, [s.name for s in subjects]),

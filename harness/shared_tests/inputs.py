@@ -155,6 +155,38 @@ def draw_seed(*purpose: Any) -> int:
     return int.from_bytes(digest[:8], "little")
 
 
+# The dtype the run's subjects compute in (`--dtype`): None lets each run in float64 where it can
+# (else float32). The weights drawn are then numbers of that dtype, so every subject holds
+# exactly what the oracle computes with.
+RUN_DTYPES = ("float64", "float32", "bfloat16", "float16")
+_RUN_DTYPE: list[str | None] = [None]
+
+
+def set_run_dtype(dtype: str | None) -> None:
+    if dtype is not None and dtype not in RUN_DTYPES:
+        raise ValueError(f"dtype must be one of {RUN_DTYPES}, got {dtype!r}")
+    _RUN_DTYPE[0] = dtype
+
+
+def run_dtype() -> str | None:
+    return _RUN_DTYPE[0]
+
+
+def in_run_dtype(values: np.ndarray) -> np.ndarray:
+    """float64 values rounded to numbers of the run's dtype: float32 by default (exact in float32
+    and float64 alike), bfloat16's or float16's in such a run."""
+    f32 = values.astype(np.float32)
+    if _RUN_DTYPE[0] == "bfloat16":  # round to nearest even on the upper 16 bits
+        bits = f32.view(np.uint32).astype(np.uint64)
+        rounded = (bits + np.uint64(0x7FFF) + ((bits >> np.uint64(16)) & np.uint64(1))) & np.uint64(
+            0xFFFF0000
+        )
+        f32 = rounded.astype(np.uint32).view(np.float32)
+    elif _RUN_DTYPE[0] == "float16":
+        f32 = f32.astype(np.float16).astype(np.float32)
+    return f32.astype(np.float64)
+
+
 def draw_weights(
     shapes: dict[str, list[int]],
     cfg: dict,
@@ -164,8 +196,8 @@ def draw_weights(
     """Parent-chosen weights for the subject's state_dict names: tables N(0, 1/d), matrices
     N(0, 1/fan_in), LayerNorm gains near 1, biases near 0: full rank, at the contract's scale.
     Names that share one tensor in the subject (`aliases`: name -> the first name of its tensor)
-    get one value. Every value is a float32 number, so a float32 subject holds exactly what a
-    float64 one does and the oracle computes with exactly the subject's weights."""
+    get one value. Every value is a number of the run's dtype (float32 by default, `in_run_dtype`),
+    so a subject holds exactly what the oracle computes with, in any dtype of the run."""
     rng = np.random.default_rng(seed)
     aliases = aliases or {}
     out: dict[str, np.ndarray] = {}
@@ -179,7 +211,7 @@ def draw_weights(
             value = 1.0 + 0.1 * rng.normal(size=shape)
         else:
             value = 0.1 * rng.normal(size=shape)
-        out[name] = value.astype(np.float32).astype(np.float64)
+        out[name] = in_run_dtype(value)
     for name in shapes:
         first = aliases.get(name, name)
         if first != name:

@@ -23,6 +23,7 @@ from harness.shared_tests.inputs import (
     golden_inputs,
     golden_weights,
     pushed_weights,
+    run_dtype,
 )
 from harness.shared_tests.layout import TIME_FIRST, batch_first
 from harness.shared_tests.record import Call, Failure, law
@@ -83,13 +84,13 @@ def golden_values(params: Any, b: dict, dtype: str) -> tuple[Any, Any]:
 
 
 def warm_golden() -> None:
-    """The golden bounds of this run's draws for a float64 subject with the contract's layout
-    (most subjects: their weights are then the very ones drawn here), computed while the worker
-    runs other tests."""
+    """The golden bounds of this run's draws for a subject with the contract's layout computing
+    in the run's dtype (float64 by default: most subjects; their weights are then the very ones
+    drawn here), computed while the worker runs other tests."""
     for name, cfg, b in golden_inputs():
         shapes = {k: list(v) for k, v in contract_shapes(cfg).items()}
         weights = draw_weights(shapes, cfg, draw_seed("golden", name, 0))
-        golden_values(read_params(weights, cfg), b, "float64")
+        golden_values(read_params(weights, cfg), b, run_dtype() or "float64")
 
 
 @law(

@@ -134,6 +134,30 @@ def _smoke_inputs(cfg: dict[str, Any]) -> tuple[torch.Tensor, ...]:
     return src, tgt, mask, mask
 
 
+# The dtype this worker's models are built in when the run names one (`--dtype`), set once by the
+# probe use_dtype as the worker starts; None: float64 where the subject runs in it, else float32.
+RUN_DTYPE: list[str | None] = [None]
+DTYPES = ("float64", "float32", "bfloat16", "float16")
+
+
+@probe
+def use_dtype(module, dtype) -> str:
+    """Build every later model of this worker in `dtype` (one of DTYPES)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    RUN_DTYPE[0] = dtype
+    return dtype
+
+
+def training_dtype() -> str | None:
+    """The dtype the training-mode probes (fit's, dropout's) build in: the run's, except that a
+    16-bit run trains in float32 (updates of 1e-3 vanish under bfloat16's 2^-8 rounding: real
+    training in 16 bits keeps float32 weights, which the contract's fit does not model; and
+    dropout's kept values are judged against the subject's own eval values, no oracle between,
+    where 16-bit rounding would hide a site that drops nothing)."""
+    return "float32" if RUN_DTYPE[0] in ("bfloat16", "float16") else RUN_DTYPE[0]
+
+
 def build(
     module: ModuleType,
     cfg: dict[str, Any],
@@ -146,8 +170,9 @@ def build(
 
     float64 where the subject runs in it (a tiny forward pass tells); otherwise the same model
     rebuilt in float32, whose bounds the parent derives for float32.
-    `only` ("float32" or "float64") skips the choice.
+    `only` (one of DTYPES), or else the run's dtype (RUN_DTYPE), skips the choice.
     """
+    only = only or RUN_DTYPE[0]
     dtypes = (torch.float64, torch.float32) if only is None else (getattr(torch, only),)
     for dtype in dtypes:
         torch.manual_seed(seed)

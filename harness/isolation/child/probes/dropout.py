@@ -14,6 +14,7 @@ from harness.isolation.child.probes.base import (
     parameters_by_name,
     probe,
     tensor_of,
+    training_dtype,
 )
 from harness.isolation.child.probes.hooks import (
     contract_modules,
@@ -27,7 +28,7 @@ def dropout_logits(
 ) -> dict[str, Any]:
     """One model's logits: eval mode, then training mode twice (other dropout draws), then eval
     mode again."""
-    model, dtype = build(module, cfg, seed, weights=weights)
+    model, dtype = build(module, cfg, seed, only=training_dtype(), weights=weights)
     inputs = (tensor_of(src), tensor_of(tgt_in), tensor_of(src_mask), tensor_of(tgt_mask))
     with torch.no_grad():
         before = numpy_of(model(*inputs))
@@ -58,7 +59,7 @@ def dropout_sites(
     call (a tuple counts by its first element); and the state_dict, whose out_proj weights let
     the parent split an attention output into its heads.
     """
-    model, dtype = build(module, cfg, seed, weights=weights)
+    model, dtype = build(module, cfg, seed, only=training_dtype(), weights=weights)
     inputs = (tensor_of(src), tensor_of(tgt_in), tensor_of(src_mask), tensor_of(tgt_mask))
     seen: dict[str, dict[str, np.ndarray]] = {}
 
@@ -95,7 +96,7 @@ def train_eval_logits(
 ) -> dict[str, Any]:
     """One model's logits in eval mode and in training mode, with gradients enabled (the same
     path in both modes: under no_grad torch's own layers take a fused path in eval mode only)."""
-    model, dtype = build(module, cfg, seed, weights=weights)
+    model, dtype = build(module, cfg, seed, only=training_dtype(), weights=weights)
     inputs = (tensor_of(src), tensor_of(tgt_in), tensor_of(src_mask), tensor_of(tgt_mask))
     out = {}
     for mode in ("eval", "train"):

@@ -16,6 +16,7 @@ from harness.isolation.child.probes.base import (
     parameters_by_name,
     probe,
     tensor_of,
+    training_dtype,
 )
 
 
@@ -69,7 +70,7 @@ def _fit(module, model, data, seed, **kw) -> dict[str, Any]:
 def fit_runs(module, cfg, data, steps, batch, warmup, factor, lr, fit_seed, weights=None, seed=0):
     """fit on one initial model: twice with the Noam schedule and the same seed, once with a
     constant rate, once from eval mode, and one update whose parameter change shows its rate."""
-    model, dtype = build(module, cfg, seed, weights=weights)
+    model, dtype = build(module, cfg, seed, only=training_dtype(), weights=weights)
     init = {name: t.clone() for name, t in model.state_dict().items()}
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor}
     runs = {}
@@ -148,7 +149,7 @@ def learn(
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
     first_update = None
     if first is not None:
-        one, one_dtype = build(module, cfg, seed, weights=first["weights"])
+        one, one_dtype = build(module, cfg, seed, only=training_dtype(), weights=first["weights"])
         rows = len(first["data"]["src"])
         grads = own_gradient(module, one, first["data"], first["smoothing"])
         one_losses = module.fit(
