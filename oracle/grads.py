@@ -92,20 +92,10 @@ def loss_and_grads(
     return loss, grads, {name: extra[name] for name in wrt}
 
 
-def logits_loss_and_grads(
-    params: Params,
-    src: Any,
-    tgt_in: Any,
-    tgt_out: Any,
-    src_mask: Any,
-    tgt_mask: Any,
-    eps: float,
-    pad_id: int,
-) -> tuple[np.ndarray, float, Grads]:
-    """(logits, loss, grads): forward's logits with loss_and_grads' loss and gradients, from one
-    forward pass (what the golden test compares, and bounds with oracle.roundoff)."""
-    logits, loss, dlogits, enc_cache, dec_cache = forward_for_grads(
-        params, src, tgt_in, tgt_out, src_mask, tgt_mask, eps, pad_id
-    )
+def logits_loss_and_grads(params: Params, *batch: Any) -> tuple[np.ndarray, float, Grads]:
+    """(logits, loss, grads) for loss_and_grads' arguments after params (src, tgt_in, tgt_out,
+    src_mask, tgt_mask, eps, pad_id): forward's logits with loss_and_grads' loss and gradients,
+    from one forward pass (what the golden test compares, and bounds with oracle.roundoff)."""
+    logits, loss, dlogits, enc_cache, dec_cache = forward_for_grads(params, *batch)
     grads, _ = backward(params, dlogits, enc_cache, dec_cache)
     return logits, loss, grads

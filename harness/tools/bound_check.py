@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import oracle
 from harness.shared_tests.inputs import batch, config, draw_weights
 from harness.shared_tests.verdicts import readable
 from impl import torch_copy
@@ -170,6 +171,58 @@ def run_subject(
     return params, logits.double().numpy(), seen
 
 
+# Subjects whose parameters carry the contract's names, so that their gradients are compared
+# name by name with the oracle's (the real-world styles fuse and rename theirs).
+GRADIENT_SUBJECTS = ("impl", "torch_copy", "impl+sdpa")
+
+
+def run_gradients(
+    build: Callable[[dict], torch.nn.Module], case: Case, dtype: str, cfg: dict | None = None
+) -> tuple[Any, float, dict[str, np.ndarray]]:
+    """(the oracle's Params of the weights pushed, the subject's label-smoothed loss (eps 0.1,
+    impl's loss function) and its gradient by parameter name, computed in `dtype`), the model
+    built from `cfg` (the case's, unless a fault's) in training mode without dropout."""
+    params, _, _ = run_subject(build, case, dtype)
+    torch.manual_seed(case.seed)
+    model = build(cfg or case.cfg).eval()
+    state = model.state_dict()
+    state.update({k: torch.tensor(v) for k, v in params.arrays.items() if k in state})
+    model.load_state_dict(state)
+    model.to(TORCH_DTYPES[dtype])
+    b = case.batch
+    inputs = (torch.tensor(b[k]) for k in ("src", "tgt_in", "src_mask", "tgt_mask"))
+    loss = impl.label_smoothed_loss(model(*inputs), torch.tensor(b["tgt_out"]), 0.1, 0)
+    loss.backward()
+    grads = {
+        name: p.grad.double().numpy() for name, p in model.named_parameters() if p.grad is not None
+    }
+    return params, float(loss.detach()), grads
+
+
+def oracle_gradients(params: Any, case: Case) -> tuple:
+    """oracle.logits_loss_and_grads on the case's batch (eps 0.1, pad 0)."""
+    b = case.batch
+    args = (b["src"], b["tgt_in"], b["tgt_out"], b["src_mask"], b["tgt_mask"], 0.1, 0)
+    return oracle.logits_loss_and_grads(params, *args)
+
+
+def gradient_ratios(
+    case: Case, params: Any, loss: float, grads: dict[str, np.ndarray], dtype: str
+) -> dict[str, float]:
+    """The worst |subject - oracle| / bound of the loss ('loss') and of each parameter's
+    gradient ('grad of NAME'), the bounds by oracle.bounded (32 runs of the forward and
+    backward passes under the dtype's roundings)."""
+    (_, want_loss, want), (_, loss_bound, bound) = oracle.bounded(
+        oracle_gradients, params, case, dtype=dtype
+    )
+    out = {"loss": abs(loss - want_loss) / loss_bound if loss != want_loss else 0.0}
+    for name in sorted(set(grads) & set(want)):
+        err = np.abs(grads[name] - want[name])
+        r = np.where(err > 0, err / np.where(bound[name] > 0, bound[name], math.inf), 0.0)
+        out[f"grad of {name}"] = float(np.where(np.isfinite(grads[name]), r, math.inf).max())
+    return out
+
+
 def ratios(case: Case, params: Any, logits: np.ndarray, seen: dict, dtype: str) -> dict[str, float]:
     """The worst |subject - oracle| / bound over the real logits ('logits') and over each traced
     boundary the subject exposes at real positions."""
@@ -201,6 +254,11 @@ def configure_bound_check(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--configs", type=int, default=120, help="random configurations")
     parser.add_argument("--seed", type=int, default=0, help="the configurations' seed")
     parser.add_argument("--no-realworld", action="store_true", help="only impl, copy, sdpa")
+    parser.add_argument(
+        "--grads",
+        action="store_true",
+        help="also the loss and every gradient of impl, the copy and sdpa (oracle.bounded)",
+    )
     parser.add_argument("--write", type=Path, help="write the markdown report here")
 
 
@@ -221,7 +279,11 @@ def run_bound_check(args: argparse.Namespace) -> int:
                 except (RuntimeError, ValueError, TypeError, KeyError) as e:
                     skipped.setdefault((name, dtype), f"{type(e).__name__}: {str(e)[:90]}")
                     continue
-                for where, r in ratios(case, params, logits, seen, dtype).items():
+                found_ratios = ratios(case, params, logits, seen, dtype)
+                if args.grads and name in GRADIENT_SUBJECTS:
+                    params, loss, grads = run_gradients(build, case, dtype)
+                    found_ratios.update(gradient_ratios(case, params, loss, grads, dtype))
+                for where, r in found_ratios.items():
                     key = (dtype, name)
                     if r >= worst.get(key, (-1.0, "", ""))[0]:
                         worst[key] = (r, where, _describe(case))
@@ -265,7 +327,14 @@ def _report(args: argparse.Namespace, worst: dict, runs: dict, skipped: dict, se
         "",
         "Worst |subject - oracle| / bound over every real logit and every traced boundary the "
         "subject exposes under the contract's module names (oracle/error_bounds.py; bound = "
-        "10 x the spread of 32 perturbed runs). A ratio >= 1 would be a false alarm.",
+        "10 x the spread of 32 perturbed runs)"
+        + (
+            ", and with --grads over the label-smoothed loss and every parameter's gradient of "
+            f"{', '.join(GRADIENT_SUBJECTS)} (oracle.bounded over the forward and backward passes)"
+            if getattr(args, "grads", False)
+            else ""
+        )
+        + ". A ratio >= 1 would be a false alarm.",
         "",
         "| dtype | subject | configurations | worst ratio | where | configuration |",
         "| --- | --- | ---: | ---: | --- | --- |",

@@ -315,15 +315,9 @@ def decoding_paths(paths: list[list[int]]) -> dict[str, np.ndarray]:
     return {"tgt_in": tgt_in, "tgt_mask": tgt_mask}
 
 
-def forward_first(r: dict, params: Any, src: np.ndarray, paths: dict[str, np.ndarray]) -> None:
-    """A decoding test compares the subject's search with the oracle's on the same weights; when
-    the subject's forward pass already differs from the oracle's there, the search cannot be
-    judged: that is the golden test's charge (a documented dependency)."""
-    got = r.get("forward_along_paths")
-    dtype = r.get("dtype")
-    if got is None or dtype not in PRECISIONS:
-        return
-    want, bound = derived(
+def along_paths(params: Any, src: np.ndarray, paths: dict[str, np.ndarray], dtype: str) -> Any:
+    """The oracle's logits along `paths` (decoding_paths') and their bounds for `dtype`."""
+    return derived(
         oracle.forward,
         params,
         src,
@@ -333,6 +327,23 @@ def forward_first(r: dict, params: Any, src: np.ndarray, paths: dict[str, np.nda
         dtype=dtype,
         rows=True,
     )
+
+
+def row_bounds(params: Any, src: np.ndarray, paths: dict[str, np.ndarray], dtype: str) -> Any:
+    """Per row, the largest bound of a logit along its path: how far one of its logits may move."""
+    _, bound = along_paths(params, src, paths, dtype)
+    return np.where(paths["tgt_mask"][..., None], bound, 0.0).max(axis=(1, 2))
+
+
+def forward_first(r: dict, params: Any, src: np.ndarray, paths: dict[str, np.ndarray]) -> None:
+    """A decoding test compares the subject's search with the oracle's on the same weights; when
+    the subject's forward pass already differs from the oracle's there, the search cannot be
+    judged: that is the golden test's charge (a documented dependency)."""
+    got = r.get("forward_along_paths")
+    dtype = r.get("dtype")
+    if got is None or dtype not in PRECISIONS:
+        return
+    want, bound = along_paths(params, src, paths, dtype)
     if np.shape(got) != want.shape:
         return
     err, _ = errors(np.asarray(got, dtype=np.float64), want, paths["tgt_mask"])
@@ -407,17 +418,7 @@ def greedy_decided(
     """For each row, whether its greedy path is decided for a subject computing in `dtype`: its
     smallest argmax margin exceeds what two logits of the row may move, the sum of their
     derived bounds (two honest computations may then not pick another token)."""
-    _, bound = derived(
-        oracle.forward,
-        params,
-        src,
-        paths["tgt_in"],
-        src != PAD,
-        paths["tgt_mask"],
-        dtype=dtype,
-        rows=True,
-    )
-    spread = 2 * np.where(paths["tgt_mask"][..., None], bound, 0.0).max(axis=(1, 2))
+    spread = 2 * row_bounds(params, src, paths, dtype)
     return [bool(m > s) for m, s in zip(margins, spread, strict=True)]
 
 
@@ -478,18 +479,7 @@ def score_margins(
     bound of the oracle's (log_softmax moves by at most the largest logit's error on either
     side); two scores, each that far off. The bound is the forward pass's along the row's greedy
     path, the same weights and magnitudes as the search's other paths."""
-    _, bound = derived(
-        oracle.forward,
-        params,
-        src,
-        paths["tgt_in"],
-        src != PAD,
-        paths["tgt_mask"],
-        dtype=dtype,
-        rows=True,
-    )
-    step = np.where(paths["tgt_mask"][..., None], bound, 0.0).max(axis=(1, 2))
-    return 2 * (2 * step * max_len)
+    return 2 * (2 * row_bounds(params, src, paths, dtype) * max_len)
 
 
 @law(

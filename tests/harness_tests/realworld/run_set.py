@@ -4,6 +4,7 @@
     python tests/harness_tests/realworld/run_set.py fused-loss-sum  # some ids (or base names)
     python tests/harness_tests/realworld/run_set.py --write-observed  # refresh observed_today.json
     python tests/harness_tests/realworld/run_set.py --write-examples  # refresh the two examples/
+    python tests/harness_tests/realworld/run_set.py --dtype bfloat16 --no-variants  # the bases
 
 Each submission is materialized into a temporary folder and graded by `python -m harness grade
 --json` (a sandboxed worker, as for any student). The table shows, per submission, the score,
@@ -204,10 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("ids", nargs="*", help="variant ids or base file names (default: all)")
     p.add_argument("--tests", help="comma-separated shared tests to run (default: all)")
     p.add_argument("--no-bases", action="store_true", help="grade the variants only")
+    p.add_argument("--no-variants", action="store_true", help="grade the bases only")
     p.add_argument("--write-observed", action="store_true", help="update observed_today.json")
     p.add_argument("--write-examples", action="store_true", help="rewrite the examples/ files")
     p.add_argument("--json", type=Path, help="write every summary and verdict here")
+    p.add_argument("--dtype", help="grade in this dtype (xfmr grade --dtype)")
     args = p.parse_args(argv)
+    extra = ["--dtype", args.dtype] if args.dtype else None
     if args.write_examples:
         for path in write_examples():
             print(f"wrote {path.relative_to(ROOT)}")
@@ -218,11 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     jobs: list[tuple[str, str, dict[str, Any] | None]] = []
     if not args.no_bases:
         jobs += [(b, base_source(b), None) for b in bases() if not args.ids or b in args.ids]
-    chosen = [r for r in records if not args.ids or r["id"] in args.ids]
+    chosen = [r for r in records if (not args.ids or r["id"] in args.ids) and not args.no_variants]
     jobs += [(r["id"], variant_source(r), r) for r in chosen]
     results, all_ok = {}, True
     for name, source, record in jobs:
-        summary = summarize(grade_source(source, Path(name).stem, tests))
+        summary = summarize(grade_source(source, Path(name).stem, tests, extra))
         if record is None:
             want = base_failing(name)
             verdict = {"match": summary["failing"] == want, "over": summary["failing"]}
