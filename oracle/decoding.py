@@ -6,6 +6,7 @@ positions come from the state, so the prefix is never recomputed. The state is n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -129,10 +130,15 @@ def beam_search(
     max_len: int,
     beam_size: int,
     length_penalty: float,
+    gaps: list[float] | None = None,
 ) -> list[Hypothesis]:
     """The contract's pinned beam search for one source row (memory [1, S, d], src_mask [1, S]):
     every finished hypothesis with its score logp / len(tokens) ** length_penalty, in the order
-    they finished (CONTRACT.md, translate)."""
+    they finished (CONTRACT.md, translate).
+
+    gaps (optional): appended, per step, the smallest margin of the step's choices (between each
+    live hypothesis's last kept token and the next, and between the last candidate taken and the
+    first left): how far the log-probabilities may move before another search results."""
     live = [Hypothesis((), 0.0)]
     state = init_state(params, src_mask)
     finished: list[Hypothesis] = []
@@ -141,7 +147,8 @@ def beam_search(
         logits, state = decode_step(params, y_prev, np.repeat(memory, len(live), axis=0), state)
         logp = log_softmax(logits)  # [live, V]
         # each hypothesis's beam_size best tokens; a stable sort puts the lower id first on ties
-        top = np.argsort(-logp, axis=-1, kind="stable")[:, :beam_size]
+        order = np.argsort(-logp, axis=-1, kind="stable")
+        top = order[:, :beam_size]
         candidates = [
             (float(h.logp + logp[r, tok]), r, int(tok))
             for r, h in enumerate(live)
@@ -150,15 +157,26 @@ def beam_search(
         candidates.sort(key=lambda c: -c[0])  # stable: live order, then token rank
         next_live: list[Hypothesis] = []
         parents: list[int] = []
+        taken = 0
         for total, r, tok in candidates:
             if len(next_live) == beam_size:
                 break
+            taken += 1
             tokens = live[r].tokens + (tok,)
             if tok == eos:
                 finished.append(Hypothesis(tokens, total, total / len(tokens) ** length_penalty))
             else:
                 next_live.append(Hypothesis(tokens, total))
                 parents.append(r)
+        if gaps is not None:
+            step = [math.inf]
+            if logp.shape[-1] > beam_size:
+                rows = np.arange(len(live))
+                cut = logp[rows, order[:, beam_size - 1]] - logp[rows, order[:, beam_size]]
+                step.append(float(cut.min()))
+            if 0 < taken < len(candidates):
+                step.append(candidates[taken - 1][0] - candidates[taken][0])
+            gaps.append(min(step))
         live = next_live
         if len(finished) >= beam_size or not live:
             break

@@ -168,6 +168,13 @@ def dropout_observations(
     return sites
 
 
+# How many times the rounding estimate of a dropped head's computed output (see dropped_heads)
+# still counts as 0: a kept head outputs its key's value, O(0.1-1) of the scale. The earlier 1e3
+# eps cond(W) took float32 heads of a few percent of the scale for dropped ones (a false alarm on
+# an honest float32 subject).
+HEAD_NOISE = 30.0
+
+
 def dropped_heads(r: dict, cfg: dict, params: Any) -> dict[str, np.ndarray]:
     """site -> bool per (row, query, head) of queries that read exactly one key: is that head's
     output exactly zero? One readable key has softmax weight 1, so the head outputs that key's
@@ -200,9 +207,11 @@ def dropped_heads(r: dict, cfg: dict, params: Any) -> dict[str, np.ndarray]:
             w = params.arrays[f"{name}.out_proj.weight"]
             b = params.arrays[f"{name}.out_proj.bias"]
             heads = split(a, w, b)
-            # solving with W rounds to about eps * cond(W) of the heads' scale; 1e3 times that
-            eps = np.finfo(np.float32 if r["dtype"] == "float32" else np.float64).eps
-            zero = 1e3 * eps * np.linalg.cond(w) * max(1.0, float(np.abs(heads).max()))
+            # a dropped head is 0 before out_proj; after it and the solve, within the rounding of
+            # out_proj's sums (u sqrt(d) of the scale) magnified by cond(W): HEAD_NOISE times that
+            u = unit_roundoff(r["dtype"])
+            scale = max(1.0, float(np.abs(heads).max()))
+            zero = HEAD_NOISE * u * math.sqrt(w.shape[0]) * np.linalg.cond(w) * scale
             # the premise, in the eval pass: each of these queries outputs its one key's value
             keys = memory if attn == "cross_attn" else r["eval"].get(name, {}).get("in")
             a_eval = r["eval"].get(name, {}).get("out")
