@@ -5,6 +5,8 @@ the real-world styles (tests/harness_tests/realworld/, where present) in float32
 float16 on the CPU over random configurations, weights and padded batches, and records the worst
 |subject - oracle| / bound over every real logit (and, for subjects with the contract's module
 names, every traced boundary at real positions) per dtype. Any ratio >= 1 is a false alarm.
+--dtypes float64 checks the default grading dtype; --grads adds the label-smoothed loss and
+every parameter's gradient of the subjects with the contract's names (oracle.bounded).
 
     xfmr bound-check --configs 120 --write results/bound_false_alarms.md
 
@@ -255,6 +257,11 @@ def configure_bound_check(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="the configurations' seed")
     parser.add_argument("--no-realworld", action="store_true", help="only impl, copy, sdpa")
     parser.add_argument(
+        "--dtypes",
+        default=",".join(DTYPES),
+        help=f"comma-separated, of {', '.join(TORCH_DTYPES)} (default: {', '.join(DTYPES)})",
+    )
+    parser.add_argument(
         "--grads",
         action="store_true",
         help="also the loss and every gradient of impl, the copy and sdpa (oracle.bounded)",
@@ -263,6 +270,11 @@ def configure_bound_check(parser: argparse.ArgumentParser) -> None:
 
 
 def run_bound_check(args: argparse.Namespace) -> int:
+    dtypes = args.dtypes.split(",")
+    unknown = sorted(set(dtypes) - set(TORCH_DTYPES))
+    if unknown:
+        print(f"xfmr bound-check: --dtypes: unknown {unknown}", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     start = time.time()
     found = subjects(not args.no_realworld)
@@ -272,7 +284,7 @@ def run_bound_check(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed)
     for i in range(args.configs):
         case = draw_case(rng, args.seed * 100_000 + i)
-        for dtype in DTYPES:
+        for dtype in dtypes:
             for name, build in found.items():
                 try:
                     params, logits, seen = run_subject(build, case, dtype, trace=True)
@@ -342,7 +354,7 @@ def _report(args: argparse.Namespace, worst: dict, runs: dict, skipped: dict, se
     for (dtype, name), (r, where, desc) in sorted(worst.items()):
         lines.append(f"| {dtype} | {name} | {runs[(dtype, name)]} | {r:.3f} | {where} | {desc} |")
     lines += ["", "Per dtype, over all subjects:", ""]
-    for dtype in DTYPES:
+    for dtype in TORCH_DTYPES:
         rs = [(r, name) for (d, name), (r, _, _) in worst.items() if d == dtype]
         n = sum(v for (d, _), v in runs.items() if d == dtype)
         if rs:
