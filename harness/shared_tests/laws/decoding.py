@@ -199,7 +199,10 @@ def _search(params: Any, key: bytes, row: np.ndarray, *args: Any) -> tuple[list,
         mask = (row != PAD)[None]
         memory = oracle.encode(params, row[None], mask)
         gaps: list[float] = []
-        finished = oracle.beam_search(params, memory, mask, *args, gaps=gaps)
+        bos, eos, max_len, beam_size, length_penalty = args
+        finished = oracle.beam_search(
+            params, memory, mask, bos, eos, max_len, beam_size, length_penalty, gaps=gaps
+        )
         _SEARCHES[cache_key] = (finished, min(gaps, default=math.inf))
     return _SEARCHES[cache_key]
 
