@@ -58,6 +58,7 @@ SHARED = (
     "oracle",
     "harness/shared_tests/inputs.py",
     "harness/shared_tests/verdicts.py",
+    "harness/shared_tests/searches.py",
     "harness/shared_tests/record.py",
     "harness/data",  # the learning bar (the expectation file is left out below)
     "harness/isolation/child",
