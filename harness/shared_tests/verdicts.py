@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 import oracle
-from harness.shared_tests.inputs import contract_shapes
+from harness.shared_tests.inputs import contract_shapes, run_dtype
 from harness.shared_tests.record import Failure
 from oracle.error_bounds import PRECISIONS
 
@@ -49,17 +49,27 @@ def _digest(x: Any, h: Any) -> None:
         h.update(repr(x).encode())
 
 
+def check_dtype(dtype: Any) -> None:
+    """The dtype a subject says it computed in is the run's to choose, not the subject's (a
+    wider dtype would widen its bounds): float64 or float32 (the float32 fallback of a model
+    that cannot run in float64) by default; with --dtype that dtype, or float32 for the
+    training-mode probes of a 16-bit run. Anything else is a failure to judge."""
+    chosen = run_dtype()
+    allowed = ("float64", "float32") if chosen is None else (chosen, "float32")
+    if dtype not in allowed or dtype not in PRECISIONS:
+        raise Failure(
+            f"the subject reports computing in {dtype!r}; this run judges "
+            f"{' or '.join(dict.fromkeys(allowed))} only"
+        )
+
+
 def derived(fn: Any, *args: Any, dtype: str, rows: bool = False) -> tuple[Any, Any]:
     """(value, bound): the oracle's fn(*args) and, for each of its numbers, the bound on
     |subject - oracle| of a subject that computes it in `dtype` (oracle.bounded; rows=True where
     fn's rows are independent, a forward pass: the runs then go through as one); computed once
     per function, dtype and inputs, so every subject of a run that got the same weights shares
     it. A dtype with no error model is a failure to judge, said as such."""
-    if dtype not in PRECISIONS:
-        raise Failure(
-            f"the subject computed in {dtype!r}: no error model derives bounds for it (one of "
-            f"{', '.join(PRECISIONS)})"
-        )
+    check_dtype(dtype)
     h = hashlib.sha256()
     _digest(args, h)
     key = (fn.__module__, fn.__qualname__, dtype, rows, h.digest())
@@ -82,11 +92,7 @@ def derived(fn: Any, *args: Any, dtype: str, rows: bool = False) -> tuple[Any, A
 
 def unit_roundoff(dtype: str) -> float:
     """u of the dtype a subject computed in (2^-53 for float64, 2^-24 for float32, ...)."""
-    if dtype not in PRECISIONS:
-        raise Failure(
-            f"the subject computed in {dtype!r}: no error model derives bounds for it (one of "
-            f"{', '.join(PRECISIONS)})"
-        )
+    check_dtype(dtype)
     return PRECISIONS[dtype].u
 
 
