@@ -68,3 +68,24 @@ def test_correct_subjects_pass_in_bfloat16_and_a_padding_fault_is_caught(bfloat1
 def test_the_expectation_is_not_rewritten_from_another_dtype(capsys):
     assert main(["matrix", "--update-expected", "--dtype", "float32"]) == 2
     assert "--update-expected takes no --dtype" in capsys.readouterr().err
+
+
+def test_the_dtype_a_subject_reports_cannot_widen_its_bounds():
+    # the run chooses the dtype: a subject that says "bfloat16" in a default run is not judged
+    # with bfloat16's bounds; float32 stays the fallback of a model that cannot run in float64
+    from harness.shared_tests.record import Failure
+    from harness.shared_tests.verdicts import check_dtype
+
+    check_dtype("float64")
+    check_dtype("float32")
+    for claimed in ("bfloat16", "float16", "int8", None):
+        with pytest.raises(Failure, match="this run judges float64 or float32 only"):
+            check_dtype(claimed)
+    set_run_dtype("bfloat16")
+    try:
+        check_dtype("bfloat16")
+        check_dtype("float32")  # a 16-bit run's training-mode probes
+        with pytest.raises(Failure):
+            check_dtype("float64")
+    finally:
+        set_run_dtype(None)
