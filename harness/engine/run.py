@@ -82,8 +82,8 @@ def run_test(test: Test, worker: Worker) -> Cell:
     start = time.monotonic()
     deadline = start + test.timeout
 
-    def call(probe: str, **inputs: Any) -> Any:
-        return worker.call(probe, deadline, **inputs)
+    def call(probe: str, on_ask: Callable[[Any], Any] | None = None, **inputs: Any) -> Any:
+        return worker.call(probe, deadline, on_ask, **inputs)
 
     try:
         test.check(call)
@@ -162,7 +162,10 @@ def run_subject(
                 # a traced row gives each test a fresh worker: what a test covers is then what
                 # it runs from a fresh load, never less because an earlier test ran something
                 # first (a memoized function, a module-level table filled once)
-                if trace or cell.outcome in (Outcome.TIMEOUT, Outcome.ERROR):
+                # a worker killed by its test (a question its check could not answer) is
+                # restarted too
+                dead = worker.status is not None
+                if trace or dead or cell.outcome in (Outcome.TIMEOUT, Outcome.ERROR):
                     worker.close()
                     worker = None
             cells[test.name] = cell

@@ -117,16 +117,37 @@ class Worker:
         request = {"op": "load", "subject": subject, "probes": list(probes)}
         self.request({**request, "confine": confine or {}}, deadline)
 
-    def call(self, probe: str, deadline: float, **inputs: Any) -> Any:
-        """Run one probe on the loaded subject."""
-        return self.request({"op": "call", "probe": probe, "inputs": inputs}, deadline)
+    def call(
+        self,
+        probe: str,
+        deadline: float,
+        on_ask: Callable[[Any], Any] | None = None,
+        **inputs: Any,
+    ) -> Any:
+        """Run one probe on the loaded subject; on_ask answers the questions it asks on the way
+        (serve.ask), if it may ask any."""
+        return self.request({"op": "call", "probe": probe, "inputs": inputs}, deadline, on_ask)
 
-    def request(self, body: dict[str, Any], deadline: float) -> Any:
-        """Send one request; the worker's value, or SubjectRaised / WorkerTimeout / WorkerDied."""
+    def request(
+        self, body: dict[str, Any], deadline: float, on_ask: Callable[[Any], Any] | None = None
+    ) -> Any:
+        """Send one request; the worker's value, or SubjectRaised / WorkerTimeout / WorkerDied.
+
+        With on_ask, each question frame ({"ask": ...}) before the reply is answered with
+        on_ask's value; a question nobody may answer is a protocol error. If on_ask raises, the
+        worker, left waiting for an answer, is killed: the exception goes on to the caller."""
         if self.calls is not None:
             body = {**body, "trace": True}
         self.send(body)
         reply = self.receive(deadline)
+        while on_ask is not None and isinstance(reply, dict) and set(reply) == {"ask"}:
+            try:
+                answer = on_ask(reply["ask"])
+            except BaseException:
+                self.kill()
+                raise
+            self.send({"answer": answer})
+            reply = self.receive(deadline)
         if self.calls is not None:
             called = reply.get("called") if isinstance(reply, dict) else None
             if not isinstance(called, list) or not all(isinstance(n, str) for n in called):
@@ -166,7 +187,7 @@ class Worker:
     def stream(
         self, body: dict[str, Any], due: Callable[[], float], on_event: Callable[[Any], None]
     ) -> Any:
-        """Send a request whose probe emits events (serve.emit) before its reply: each event goes
+        """Send a request whose probe emits events (channel.emit) before its reply: each event goes
         to on_event, each frame must arrive by due(); returns the reply's value."""
         self.send(body)
         while True:

@@ -58,7 +58,7 @@ def derive() -> dict:
     with trusted_call(Subject("impl", Kind.CORRECT, module="impl.transformer")) as call:
         for seed in SEEDS:
             start = time.monotonic()
-            losses.append(heldout_loss(call, SETUP, seed))
+            losses.append(heldout_loss(call, SETUP, seed).loss)
             print(f"seed {seed}: held-out loss {losses[-1]:.4f} ({time.monotonic() - start:.1f} s)")
     return {
         **SETUP,

@@ -36,7 +36,7 @@ def main(argv: list[str]) -> None:
         # confine imports `resource` (POSIX only) and calls it only for the rlimits asked for;
         # a Windows self-check asks for none
         sys.modules["resource"] = types.ModuleType("resource")
-    # serve from the imported module, not __main__: probes reach emit as serve.emit
+    # serve from the imported module, not __main__: one copy of the module state
     from harness.isolation.child import serve
 
     serve.serve(read, write)

@@ -10,6 +10,9 @@ another (harness.wire: plain data only). Requests:
 - {"op": "call", "probe": name, "inputs": {...}}: run PROBES[name](module, **inputs).
 - {"op": "exit"}.
 
+While a call runs, its probe may send frames ahead of the reply (harness.isolation.child.channel):
+{"event": ...} (progress, no answer) or {"ask": ...}, answered by the parent's {"answer": ...}.
+
 A load or call request with "trace": true also answers "called": the subject's functions that
 ran meanwhile (harness.isolation.child.calls; for trusted subjects only, see there).
 
@@ -45,27 +48,15 @@ def describe(exc: BaseException) -> dict[str, Any]:
     return {"type": type(exc).__name__, "bases": bases, "message": message, "where": where}
 
 
-_REPLY_FD: int | None = None
-
-
-def emit(event: Any) -> None:
-    """Send an event frame ({"event": ...}) ahead of the current request's reply: a probe that
-    runs long (a student's pytest suite) reports progress, so a hang costs only one step."""
-    if _REPLY_FD is None:
-        raise RuntimeError("emit outside serve")
-    wire.write_frame(_REPLY_FD, {"event": event})
-
-
 def serve(read_fd: int, write_fd: int) -> None:
     """Answer requests until the parent closes the pipe or says exit."""
-    global _REPLY_FD
     import torch
 
-    from harness.isolation.child import calls, confine, load, probes
+    from harness.isolation.child import calls, channel, confine, load, probes
 
     # One intra-op thread: the parent runs several workers side by side on few cores.
     torch.set_num_threads(1)
-    _REPLY_FD = write_fd
+    channel.attach(read_fd, write_fd)
     module = None
     filename = ""  # the loaded subject's file, whose functions a traced request records
     while True:
@@ -137,7 +128,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    # serve from the imported module, not __main__: probes reach emit as serve.emit
+    # serve from the imported module, not __main__: one copy of the module state
     from harness.isolation.child import serve as this
 
     this.serve(int(sys.argv[1]), int(sys.argv[2]))

@@ -4,7 +4,7 @@ The probe `student_suite` makes the subject importable under the module path the
 (tinyllm.xfmr.transformer unless told otherwise), offers it as the fixture `transformer`, pins
 Hypothesis to one profile (derandomized, no deadline, no database) and runs pytest in this
 process. A small plugin streams each test's start and result to the parent over the reply
-pipe as they happen (serve.emit), so a test that hangs or kills the worker costs only
+pipe as they happen (channel.emit), so a test that hangs or kills the worker costs only
 itself: the parent restarts the suite after it, skipping the tests already reported.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 import hypothesis
 import pytest
 
-from harness.isolation.child import probes, serve
+from harness.isolation.child import channel, probes
 
 PROFILE = "xfmr-mutation-score"
 # derandomize: the same examples on every subject and every run, so a score is reproducible;
@@ -65,12 +65,12 @@ class Reporter:
         items[:] = [item for item in items if item.nodeid not in self.skip]
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        serve.emit({"event": "collected", "nodeids": [item.nodeid for item in session.items]})
+        channel.emit({"event": "collected", "nodeids": [item.nodeid for item in session.items]})
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
         self.started[nodeid] = time.monotonic()
         self.phases[nodeid] = []
-        serve.emit({"event": "start", "nodeid": nodeid})
+        channel.emit({"event": "start", "nodeid": nodeid})
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.phases.setdefault(report.nodeid, []).append(report)
@@ -84,7 +84,7 @@ class Reporter:
             outcome, message = "skipped", ""
         else:
             outcome, message = "passed", ""
-        serve.emit(
+        channel.emit(
             {
                 "event": "result",
                 "nodeid": nodeid,

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from harness.isolation.child import channel
 from harness.isolation.child.probes.base import (
     build,
     gradients,
@@ -125,10 +126,21 @@ class _Stop(Exception):
 
 @probe
 def learn(
-    module, cfg, data, steps, batch, warmup, factor, lr, stop=None, weights=None, seed=0, first=None
+    module,
+    cfg,
+    data,
+    steps,
+    batch,
+    warmup,
+    factor,
+    lr,
+    checkpoints=None,
+    weights=None,
+    seed=0,
+    first=None,
 ):
-    """fit for `steps` updates; the trained weights, which the parent judges with the oracle
-    (never the subject's own logits or loss).
+    """fit for up to `steps` updates; the trained weights, which the parent judges with the
+    oracle (never the subject's own logits or loss).
 
     weights (optional): the parent's initial weights, loaded before training.
 
@@ -138,13 +150,14 @@ def learn(
     after the update, for the parent to compare with Adam's first step on that gradient (a fit
     that makes no update, or not from its data and weights, shows there).
 
-    stop (optional) {"src", "tgt", "pad_id", "every", "below"}: after every `every`-th update the
-    model's own eval-mode cross-entropy on those rows is computed here (numpy's log-softmax of
-    its logits), and fit is ended once it is at most `below`. Only when to stop rests on the
-    subject's numbers; the verdict is the parent's, on the weights. Eval-mode passes draw no
-    random numbers, so the updates run are the same as without the checks. The trained model's
-    logits on those rows come back too ("val_logits"): when the verdict fails, the parent tells
-    a model that learned badly from one whose forward pass is not the contract's.
+    checkpoints (optional) {"src", "tgt", "pad_id", "every"}: after every `every`-th update the
+    parent is asked (channel.ask) with the weights so far and the model's own eval-mode
+    cross-entropy on those rows (numpy's log-softmax of its logits), and fit ends when it
+    answers {"stop": true}. The parent judges the weights with the oracle on its own held-out
+    rows; eval-mode passes draw no random numbers, so the updates run are the same as without
+    the checkpoints. The trained model's logits on those rows come back too ("val_logits"):
+    when the verdict fails, the parent tells a model that learned badly from one whose forward
+    pass is not the contract's.
     """
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
     first_update = None
@@ -172,8 +185,9 @@ def learn(
     updates = [0]
 
     def own_loss() -> float:
-        src, tgt, pad = tensor_of(stop["src"]), tensor_of(stop["tgt"]), stop["pad_id"]
-        tgt_in, tgt_out = tgt[:, :-1], stop["tgt"][:, 1:]
+        src, tgt = tensor_of(checkpoints["src"]), tensor_of(checkpoints["tgt"])
+        pad = checkpoints["pad_id"]
+        tgt_in, tgt_out = tgt[:, :-1], checkpoints["tgt"][:, 1:]
         model.eval()
         try:
             with torch.no_grad():
@@ -187,9 +201,15 @@ def learn(
         return float(-(picked * real).sum() / real.sum())
 
     def callback(step, rate, loss) -> None:
-        updates[0] = int(step) + 1
-        if stop is not None and updates[0] % stop["every"] == 0 and own_loss() <= stop["below"]:
-            raise _Stop
+        updates[0] += 1  # counted here: the subject's step numbers are its own
+        if checkpoints is not None and updates[0] % checkpoints["every"] == 0:
+            question = {
+                "update": updates[0],
+                "state_dict": parameters_by_name(model),
+                "own_loss": own_loss(),
+            }
+            if channel.ask(question).get("stop") is True:
+                raise _Stop
 
     try:
         losses = module.fit(
@@ -205,8 +225,9 @@ def learn(
         "state_dict": parameters_by_name(model),
         "first_update": first_update,
     }
-    if stop is not None:  # the trained model's own logits on the validation rows, for a diagnosis
-        src, tgt, pad = tensor_of(stop["src"]), tensor_of(stop["tgt"]), stop["pad_id"]
+    if checkpoints is not None:  # the trained model's logits on the validation rows: a diagnosis
+        src, tgt = tensor_of(checkpoints["src"]), tensor_of(checkpoints["tgt"])
+        pad = checkpoints["pad_id"]
         tgt_in = tgt[:, :-1]
         model.eval()
         with torch.no_grad():
