@@ -1,5 +1,9 @@
 """Derive the learning test's bar from impl: `python -m harness.tools.learning_bar [--write]`.
 
+`--stops N` instead runs the learning test's own run (judged at every checkpoint against the
+bar) for impl and the torch copy on N secret instances, and prints where each stopped: the
+updates the test costs a correct subject.
+
 impl trains on two-digit reversed addition with the recipe below under each of five seeds, each
 run on its own secret instance of the task from the parent's weights, exactly as the learning
 test runs (the draws' secret fixed at DRAW_SECRET, so the derivation is reproducible); the bar
@@ -70,10 +74,33 @@ def derive() -> dict:
     }
 
 
+def stops(n: int) -> None:
+    """Where the learning test's run stops for impl and the torch copy, over n instances."""
+    setup = json.loads((DATA / "learning_bar.json").read_text())
+    set_draw_secret(DRAW_SECRET)
+    for module in ("impl.transformer", "impl.torch_copy"):
+        updates = []
+        with trusted_call(Subject(module, Kind.CORRECT, module=module)) as call:
+            for seed in range(n):
+                start = time.monotonic()
+                loss, k = heldout_loss(call, setup, seed, bar=setup["bar"])
+                updates.append(k)
+                print(f"{module} instance {seed}: stopped after {k} updates at held-out loss "
+                      f"{loss:.4f} ({time.monotonic() - start:.1f} s)", flush=True)  # fmt: skip
+        updates.sort()
+        print(f"{module}: {updates[0]}-{updates[-1]} updates, median {updates[len(updates) // 2]}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write harness/data/learning_bar.json")
+    parser.add_argument(
+        "--stops", type=int, metavar="N", help="where the test's run stops on N instances"
+    )
     args = parser.parse_args(argv)
+    if args.stops:
+        stops(args.stops)
+        return 0
     result = derive()
     print(f"bar {result['bar']:.4f}: {result['derivation']}")
     if args.write:
