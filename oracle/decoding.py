@@ -131,6 +131,7 @@ def beam_search(
     beam_size: int,
     length_penalty: float,
     gaps: list[float] | None = None,
+    stop_early: bool = True,
 ) -> list[Hypothesis]:
     """The contract's pinned beam search for one source row (memory [1, S, d], src_mask [1, S]):
     every finished hypothesis with its score logp / len(tokens) ** length_penalty, in the order
@@ -138,7 +139,11 @@ def beam_search(
 
     gaps (optional): appended, per step, the smallest margin of the step's choices (between each
     live hypothesis's last kept token and the next, and between the last candidate taken and the
-    first left): how far the log-probabilities may move before another search results."""
+    first left): how far the log-probabilities may move before another search results.
+
+    stop_early=False runs the same search on past the pinned stop (beam_size finished), until
+    max_len or no live hypothesis: not the contract's search, but what a search that misses the
+    stop rule returns; the tests choose inputs where the two disagree."""
     live = [Hypothesis((), 0.0)]
     state = init_state(params, src_mask)
     finished: list[Hypothesis] = []
@@ -178,7 +183,7 @@ def beam_search(
                 step.append(candidates[taken - 1][0] - candidates[taken][0])
             gaps.append(min(step))
         live = next_live
-        if len(finished) >= beam_size or not live:
+        if (stop_early and len(finished) >= beam_size) or not live:
             break
         state = state.select(parents)
     if not finished:  # max_len reached with nothing finished: the live hypotheses finish

@@ -1,7 +1,8 @@
 """The oracle's searches that the decoding laws compare a subject's with, and the margins that
 say where a comparison is decided for the subject's dtype: greedy decoding (batched over rows),
 the pinned beam search (cached per weights and inputs, with the gaps of its choices), the paths
-they take, and the bounds of the logits along them."""
+they take, and the bounds of the logits along them; and the beam test's extra source rows,
+chosen where a detail of the pinned search decides the winner."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import numpy as np
 
 import oracle
-from harness.shared_tests.inputs import BOS, PAD
+from harness.shared_tests.inputs import BOS, EOS, PAD, tokens
 from harness.shared_tests.verdicts import derived
 
 # The decoding tests' expectations depend only on the parent's weights, which follow the
@@ -134,3 +135,106 @@ def score_margins(
     side); two scores, each that far off. The bound is the forward pass's along the row's greedy
     path, the same weights and magnitudes as the search's other paths."""
     return 2 * (2 * row_bounds(params, src, paths, dtype) * max_len)
+
+
+# Choosing inputs, not judging: a row is kept only where the oracle's winner beats its runner-up
+# by far more than the oracle's own float64 rounding of a few log-probabilities (~1e-14);
+# whether a subject's search is compared there is score_margins' to decide, for its dtype.
+CLEAR_WINNER = 1e-9
+
+# The beam test's extra rows, by what they are chosen for and the run's weights: one choice per
+# process (the same for every subject whose names are the contract's).
+_CHOSEN_ROWS: dict[tuple, list[np.ndarray]] = {}
+
+
+def _clear(finished: list) -> bool:
+    """The search's winner beats its runner-up by more than CLEAR_WINNER."""
+    scores = sorted((h.score for h in finished if h.score is not None), reverse=True)
+    return len(scores) < 2 or scores[0] - scores[1] > CLEAR_WINNER
+
+
+def _chosen_rows(params: Any, cfg: dict, eos: int, max_len: int, why: str) -> list[np.ndarray]:
+    """Up to two source rows, drawn one by one from the seed of `why`, on which DECIDES[why]
+    holds for the oracle's search with these weights."""
+    key = (why, eos, max_len, params_key(params))
+    if key not in _CHOSEN_ROWS:
+        seed, tries, decides = DECIDES[why]
+        rng = np.random.default_rng(seed)
+        chosen: list[np.ndarray] = []
+        for _ in range(tries):
+            row = tokens(rng, cfg["src_vocab"], (int(rng.integers(2, 6)),))
+            mask = np.ones((1, len(row)), bool)
+            memory = oracle.encode(params, row[None], mask)
+            if decides(params, memory, mask, eos, max_len):
+                chosen.append(row)
+                if len(chosen) == 2:
+                    break
+        _CHOSEN_ROWS[key] = chosen
+    return _CHOSEN_ROWS[key]
+
+
+def _formula_decides(params: Any, memory: Any, mask: Any, eos: int, max_len: int) -> bool:
+    """For some setting, the winner changes when every log-probability sum is offset by 1, or
+    the penalty's exponent by 0.5."""
+    for beam, penalty in ((2, 1.0), (3, 1.0), (3, 2.0), (4, 1.0)):
+        finished = oracle.beam_search(params, memory, mask, BOS, eos, max_len, beam, penalty)
+        logp = np.array([h.logp for h in finished])
+        length = np.array([len(h.tokens) for h in finished], dtype=np.float64)
+        best = int(np.argmax(logp / length**penalty))  # the first of equal scores
+        variants = [(logp + c) / length**penalty for c in (-1.0, 1.0)]
+        variants += [logp / length ** (penalty + e) for e in (-0.5, 0.5)]
+        if _clear(finished) and any(int(np.argmax(v)) != best for v in variants):
+            return True
+    return False
+
+
+def _stop_rule_decides(params: Any, memory: Any, mask: Any, eos: int, max_len: int) -> bool:
+    """For some setting, the step that stops the search finishes more than beam_size hypotheses
+    at once, and a search that went on past it would end with another winner: a stop rule that
+    waits for exactly beam_size finished, for no live hypothesis, or never stops early answers
+    differently."""
+    for beam in (2, 3, 4):
+        for penalty in (0.0, 1.0, 2.0):
+            search = (params, memory, mask, BOS, eos, max_len, beam, penalty)
+            pinned = oracle.beam_search(*search)
+            if len(pinned) <= beam or not _clear(pinned):
+                continue
+            on = oracle.beam_search(*search, stop_early=False)
+            best = oracle.best_hypothesis(pinned).tokens
+            if _clear(on) and oracle.best_hypothesis(on).tokens != best:
+                return True
+    return False
+
+
+# why -> (the rows' seed, how many rows to try, the test a row must pass)
+DECIDES = {
+    "formula": (90, 16, _formula_decides),
+    "stop rule": (91, 16, _stop_rule_decides),
+}
+
+
+def formula_sensitive_rows(params: Any, cfg: dict, eos: int, max_len: int) -> list[np.ndarray]:
+    """Up to two source rows (of 16 drawn) where the pinned score logp / len ** length_penalty
+    decides the winner among finished hypotheses of different lengths (`_formula_decides`).
+    Rows where the formula's details cannot matter test none of them."""
+    return _chosen_rows(params, cfg, eos, max_len, "formula")
+
+
+_CHOSEN_CASES: dict[tuple, tuple[int, list[np.ndarray]] | None] = {}
+
+
+def stop_rule_case(params: Any, cfg: dict, max_len: int) -> tuple[int, list[np.ndarray]] | None:
+    """An eos, and up to two source rows (of 16 drawn for it), where the pinned stop rule decides
+    the winner (`_stop_rule_decides`): the eos is the first real token, in id order, that has
+    such a row under these weights; None when none has. Which token reaches eos first on which
+    step is the weights' to decide, so the eos is chosen for them (the decoding tests' own eos
+    may never finish two hypotheses on one step)."""
+    key = (max_len, params_key(params))
+    if key not in _CHOSEN_CASES:
+        _CHOSEN_CASES[key] = None
+        for eos in range(EOS + 1, cfg["tgt_vocab"]):
+            rows = _chosen_rows(params, cfg, eos, max_len, "stop rule")
+            if rows:
+                _CHOSEN_CASES[key] = (eos, rows)
+                break
+    return _CHOSEN_CASES[key]

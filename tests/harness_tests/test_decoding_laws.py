@@ -10,6 +10,7 @@ import pytest
 
 from harness.isolation.child import probes
 from harness.isolation.child.load import from_source
+from harness.shared_tests import inputs
 from harness.shared_tests.laws import BY_NAME
 from harness.shared_tests.record import Failure
 from harness.subjects import module_source
@@ -18,6 +19,7 @@ SOURCE = module_source("impl.transformer")[1]
 STEP = "test_decode_step_equals_forward"
 TRANSLATE = "test_translate_is_greedy_with_beam_one_and_drops_eos"
 VALIDATION = "test_validation"
+BEAM = "test_beam_search_matches_oracle"
 ROWS_CHECK = "if y_prev.dim() != 1 or y_prev.size(0) != state.src_mask.size(0):"
 
 
@@ -55,3 +57,36 @@ def test_sizes_compared_by_identity_fail_past_256_rows():
     )
     with pytest.raises(Failure, match="translate on 264 rows raised ValueError: rows lost"):
         check(TRANSLATE, module)
+
+
+STOP_RULE = "if len(finished) >= beam_size or not live:\n            break"
+STOP_RULE_SLIPS = {
+    "exactly beam_size finished": STOP_RULE.replace(">=", "=="),
+    "stops only with nothing live": STOP_RULE.replace(" or ", " and "),
+    "never stops early": STOP_RULE.replace("break", "continue"),
+}
+
+
+@pytest.fixture
+def draw_secret():
+    """Set the run's secret for a test, and restore the one it had."""
+    before = inputs.draw_secret()
+    yield inputs.set_draw_secret
+    inputs.set_draw_secret(before)
+
+
+# The draws under which the beam test's drawn rows left these slips alive before it chose rows
+# where the stop rule decides the winner (XFMR_DRAW_SEED 9 left all three, 5 one).
+@pytest.mark.parametrize("secret", [9, 5])
+def test_impl_passes_the_beam_test_under_those_draws(draw_secret, secret):
+    draw_secret(secret)
+    check(BEAM, from_source(SOURCE, "<impl>", name="xfmr_decoding_impl"))
+
+
+@pytest.mark.parametrize("secret", [9, 5])
+@pytest.mark.parametrize("slip", sorted(STOP_RULE_SLIPS))
+def test_the_beam_test_kills_stop_rule_slips_under_any_draw(draw_secret, secret, slip):
+    draw_secret(secret)
+    module = mutant(STOP_RULE, STOP_RULE_SLIPS[slip])
+    with pytest.raises(Failure, match="the pinned beam search gives"):
+        check(BEAM, module)

@@ -20,7 +20,6 @@ from harness.shared_tests.inputs import (
     draw_seed,
     draw_weights,
     pushed_weights,
-    tokens,
     tying,
 )
 from harness.shared_tests.record import Call, Failure, law
@@ -28,11 +27,13 @@ from harness.shared_tests.searches import (
     along_paths,
     beam_search_once,
     decoding_paths,
+    formula_sensitive_rows,
     greedy,
     greedy_decided,
     params_key,
     score_margins,
     search_gap,
+    stop_rule_case,
 )
 from harness.shared_tests.verdicts import (
     DEPENDS,
@@ -401,18 +402,35 @@ def check_beam_search_matches_oracle(call: Call) -> None:
     weights, params, eos = decoding_setup(call, cfg, 21, src, max_len)
     src = with_rows(src, formula_sensitive_rows(params, cfg, eos, max_len))
     settings = [[beam, penalty] for beam in (1, 2, 3, 4) for penalty in (0.0, 1.0, 2.0)]
-    r = translated(
-        call,
-        cfg,
-        weights,
-        src,
-        eos,
-        max_len,
-        settings,
-        False,
-        paths=(paths := decoding_paths(greedy(params, src, eos, max_len)[0])),
-    )
     key = params_key(params)
+    r, compared = searched(call, cfg, weights, params, key, src, eos, max_len, settings)
+    if compared == 0:
+        if r["dtype"] in ("bfloat16", "float16"):
+            # a 16-bit subject's log-probabilities move by more than the searches' choices are
+            # apart on these inputs: nothing can be judged in its dtype (results/dtype_runs.md)
+            return
+        raise Failure("every case was a near tie: nothing compared (choose other inputs)")
+    check_beam_search_stops_at_beam_size_finished(call, cfg, weights, params, key, max_len)
+    check_beam_search_when_nothing_finishes(call, cfg, weights, params, src, key)
+
+
+def searched(
+    call: Call,
+    cfg: dict,
+    weights: dict,
+    params: Any,
+    key: bytes,
+    src: np.ndarray,
+    eos: int,
+    max_len: int,
+    settings: list,
+    what: str = "",
+) -> tuple[dict, int]:
+    """translate of `src` under each (beam, penalty) setting on the parent's weights, compared
+    with the oracle's pinned search wherever the winner and every choice on the way are decided
+    in the subject's dtype (score_margins); the reply and how many cases were compared."""
+    paths = decoding_paths(greedy(params, src, eos, max_len)[0])
+    r = translated(call, cfg, weights, src, eos, max_len, settings, False, paths=paths)
     margins = score_margins(params, src, paths, r["dtype"], max_len)
     compared = 0
     for (beam, penalty), got in zip(settings, r["outputs"], strict=True):
@@ -430,67 +448,41 @@ def check_beam_search_matches_oracle(call: Call) -> None:
             if got[row] != want:
                 forward_first(r, params, src, paths)
                 raise Failure(
-                    f"beam_size={beam}, length_penalty={penalty}, row {row}: translate gave "
-                    f"{got[row]}, the pinned beam search gives {want} (score margin "
+                    f"beam_size={beam}, length_penalty={penalty}, row {row}{what}: translate "
+                    f"gave {got[row]}, the pinned beam search gives {want} (score margin "
                     f"{scores[0] - scores[1] if len(scores) > 1 else math.inf:.3g})"
                 )
-    if compared == 0:
-        if r["dtype"] in ("bfloat16", "float16"):
-            # a 16-bit subject's log-probabilities move by more than the searches' choices are
-            # apart on these inputs: nothing can be judged in its dtype (results/dtype_runs.md)
-            return
-        raise Failure("every case was a near tie: nothing compared (choose other inputs)")
-    check_beam_search_when_nothing_finishes(call, cfg, weights, params, src, key)
+    return r, compared
+
+
+def check_beam_search_stops_at_beam_size_finished(
+    call: Call, cfg: dict, weights: dict, params: Any, key: bytes, max_len: int
+) -> None:
+    """The pinned stop: the search ends on the step after which beam_size hypotheses (or more)
+    have finished. On rows (and an eos) where that step finishes more than beam_size at once and
+    a search that went on would end with another winner (searches.stop_rule_case), a stop that
+    waits for exactly beam_size, for no live hypothesis, or never comes answers differently.
+    Where the run's weights give no such case, nothing more is judged."""
+    case = stop_rule_case(params, cfg, max_len)
+    if case is None:
+        return
+    eos, rows = case
+    settings = [[beam, penalty] for beam in (2, 3, 4) for penalty in (0.0, 1.0, 2.0)]
+    src = padded(rows)
+    searched(call, cfg, weights, params, key, src, eos, max_len, settings, f" (eos={eos})")
 
 
 def with_rows(src: np.ndarray, extra: list[np.ndarray]) -> np.ndarray:
     """src with more rows, every row padded with PAD to the longest."""
-    rows = [r[r != PAD] for r in src] + list(extra)
+    return padded([r[r != PAD] for r in src] + list(extra))
+
+
+def padded(rows: list[np.ndarray]) -> np.ndarray:
+    """The rows as one batch, each padded with PAD to the longest."""
     out = np.full((len(rows), max(len(r) for r in rows)), PAD, dtype=np.int64)
     for i, r in enumerate(rows):
         out[i, : len(r)] = r
     return out
-
-
-_SENSITIVE: dict[tuple, list[np.ndarray]] = {}
-# Choosing inputs, not judging: a row is kept only where the oracle's winner beats its runner-up
-# by far more than the oracle's own float64 rounding of a few log-probabilities (~1e-14);
-# whether a subject's search is compared there is score_margins' to decide, for its dtype.
-CLEAR_WINNER = 1e-9
-
-
-def formula_sensitive_rows(params: Any, cfg: dict, eos: int, max_len: int) -> list[np.ndarray]:
-    """Up to two source rows (of 16 drawn) where the pinned score logp / len ** length_penalty
-    decides the winner among finished hypotheses of different lengths: its winner changes when
-    every log-probability sum is offset by 1, or the penalty's exponent by 0.5. Rows where the
-    formula's details cannot matter test none of them. The same weights for every subject (they
-    follow the contract's names), so the choice is computed once per process."""
-    key = (eos, max_len, *sorted((k, v.tobytes()) for k, v in params.arrays.items()))
-    if key in _SENSITIVE:
-        return _SENSITIVE[key]
-    rng = np.random.default_rng(90)
-    chosen: list[np.ndarray] = []
-    for _ in range(16):
-        row = tokens(rng, cfg["src_vocab"], (int(rng.integers(2, 6)),))
-        memory = oracle.encode(params, row[None], np.ones((1, len(row)), bool))
-        mask = np.ones((1, len(row)), bool)
-        for beam, penalty in ((2, 1.0), (3, 1.0), (3, 2.0), (4, 1.0)):
-            finished = oracle.beam_search(params, memory, mask, BOS, eos, max_len, beam, penalty)
-            logp = np.array([h.logp for h in finished])
-            length = np.array([len(h.tokens) for h in finished], dtype=np.float64)
-            best = int(np.argmax(logp / length**penalty))  # the first of equal scores
-            variants = [(logp + c) / length**penalty for c in (-1.0, 1.0)]
-            variants += [logp / length ** (penalty + e) for e in (-0.5, 0.5)]
-            # beam_search scores every hypothesis it returns
-            scores = sorted((h.score for h in finished if h.score is not None), reverse=True)
-            clear = len(scores) < 2 or scores[0] - scores[1] > CLEAR_WINNER
-            if clear and any(int(np.argmax(v)) != best for v in variants):
-                chosen.append(row)
-                break
-        if len(chosen) == 2:
-            break
-    _SENSITIVE[key] = chosen
-    return chosen
 
 
 def check_beam_search_when_nothing_finishes(call, cfg, weights, params, src, key) -> None:
