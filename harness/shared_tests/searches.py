@@ -188,20 +188,31 @@ def _formula_decides(params: Any, memory: Any, mask: Any, eos: int, max_len: int
     return False
 
 
+def _best(finished: list, penalty: float) -> tuple[tuple, bool]:
+    """The winner of these finished hypotheses under `penalty` (the first of equal scores), and
+    whether it beats the runner-up by more than CLEAR_WINNER."""
+    scores = [h.logp / max(len(h.tokens), 1) ** penalty for h in finished]
+    order = sorted(range(len(scores)), key=lambda i: -scores[i])  # stable: the first of equals
+    clear = len(order) < 2 or scores[order[0]] - scores[order[1]] > CLEAR_WINNER
+    return finished[order[0]].tokens, clear
+
+
 def _stop_rule_decides(params: Any, memory: Any, mask: Any, eos: int, max_len: int) -> bool:
     """For some setting, the step that stops the search finishes more than beam_size hypotheses
     at once, and a search that went on past it would end with another winner: a stop rule that
     waits for exactly beam_size finished, for no live hypothesis, or never stops early answers
-    differently."""
+    differently. (The penalty changes the scores only, not which hypotheses the search keeps or
+    when it stops: each search runs once per beam size and is scored under every penalty.)"""
     for beam in (2, 3, 4):
+        pinned = oracle.beam_search(params, memory, mask, BOS, eos, max_len, beam, 0.0)
+        if len(pinned) <= beam:
+            continue
+        on = oracle.beam_search(
+            params, memory, mask, BOS, eos, max_len, beam, 0.0, stop_early=False
+        )
         for penalty in (0.0, 1.0, 2.0):
-            search = (params, memory, mask, BOS, eos, max_len, beam, penalty)
-            pinned = oracle.beam_search(*search)
-            if len(pinned) <= beam or not _clear(pinned):
-                continue
-            on = oracle.beam_search(*search, stop_early=False)
-            best = oracle.best_hypothesis(pinned).tokens
-            if _clear(on) and oracle.best_hypothesis(on).tokens != best:
+            (best, clear), (other, clear_on) = _best(pinned, penalty), _best(on, penalty)
+            if clear and clear_on and best != other:
                 return True
     return False
 
@@ -209,7 +220,7 @@ def _stop_rule_decides(params: Any, memory: Any, mask: Any, eos: int, max_len: i
 # why -> (the rows' seed, how many rows to try, the test a row must pass)
 DECIDES = {
     "formula": (90, 16, _formula_decides),
-    "stop rule": (91, 16, _stop_rule_decides),
+    "stop rule": (91, 8, _stop_rule_decides),
 }
 
 
@@ -224,7 +235,7 @@ _CHOSEN_CASES: dict[tuple, tuple[int, list[np.ndarray]] | None] = {}
 
 
 def stop_rule_case(params: Any, cfg: dict, max_len: int) -> tuple[int, list[np.ndarray]] | None:
-    """An eos, and up to two source rows (of 16 drawn for it), where the pinned stop rule decides
+    """An eos, and up to two source rows (of 8 drawn for it), where the pinned stop rule decides
     the winner (`_stop_rule_decides`): the eos is the first real token, in id order, that has
     such a row under these weights; None when none has. Which token reaches eos first on which
     step is the weights' to decide, so the eos is chosen for them (the decoding tests' own eos
