@@ -25,6 +25,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "harness.tools.bound_check",
         "honest subjects in float32/bfloat16/float16 against the oracle's derived error bound",
     ),
+    "false-alarms": (
+        "harness.tools.false_alarms",
+        "whole grades of correct subjects under many secret draws and dtypes: every failure",
+    ),
     "compare": (
         "harness.tools.compare",
         "your model's outputs (any dtype) against the oracle within the derived error bound",
