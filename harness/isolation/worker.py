@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import select
 import signal
 import tempfile
@@ -19,6 +20,29 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from harness import wire
+
+# What a worker may send back for one request (harness.wire.Limits: checked from each frame's
+# header, and of its JSON before it is parsed). Measured on a full grade (float64, the largest
+# dtype): a load's reply is under 100 bytes of JSON (a traced one lists impl's ~60 functions);
+# a call's largest reply is the state_dict probe's 5.8 MB of arrays (dropout_sites' 4.3 MB,
+# the learning run's 1 MB per checkpoint question, 23 of them), its largest JSON 29 kB (golden)
+# with at most ~3000 values, nesting 7 deep; a student suite's events are under 2 kB each.
+# Each cap leaves a margin of 10x or more; a probe that needs more is named in REPLY_LIMITS.
+LOAD_REPLY = wire.Limits(
+    json=256 << 10, payload=0, depth=16, elements=20_000, total_json=256 << 10, total_payload=0
+)
+CALL_REPLY = wire.Limits(
+    json=1 << 20,
+    payload=64 << 20,
+    depth=32,
+    elements=100_000,
+    total_json=16 << 20,
+    total_payload=256 << 20,
+)
+STREAM_REPLY = wire.Limits(
+    json=1 << 20, payload=0, depth=16, elements=100_000, total_json=64 << 20, total_payload=0
+)
+REPLY_LIMITS: dict[str, wire.Limits] = {}  # a probe's own caps, where CALL_REPLY's are too small
 
 # Loading takes ~0.1 s from the fork server and ~4 s in a fresh sandbox (torch's imports); 60 s
 # leaves room for a loaded machine without letting a hang at import stall the run for long.
@@ -102,6 +126,9 @@ class Worker:
             os.close(req_r)
             os.close(resp_w)
         self.pid = self.process.pid
+        # each request's id: a counter from a random start (no stray frame matches it by luck)
+        self._next_id = secrets.randbits(63)
+        self._pending: int | None = None  # the id of the request awaiting its reply
         # when a set: every request is traced and the subject's functions it ran are added here
         # (harness.isolation.child.calls; trusted subjects only)
         self.calls: set[str] | None = None
@@ -125,29 +152,41 @@ class Worker:
         **inputs: Any,
     ) -> Any:
         """Run one probe on the loaded subject; on_ask answers the questions it asks on the way
-        (serve.ask), if it may ask any."""
-        return self.request({"op": "call", "probe": probe, "inputs": inputs}, deadline, on_ask)
+        (serve.ask), if it may ask any. Its frames are capped by REPLY_LIMITS[probe], or
+        CALL_REPLY."""
+        body = {"op": "call", "probe": probe, "inputs": inputs}
+        return self.request(body, deadline, on_ask, REPLY_LIMITS.get(probe, CALL_REPLY))
 
     def request(
-        self, body: dict[str, Any], deadline: float, on_ask: Callable[[Any], Any] | None = None
+        self,
+        body: dict[str, Any],
+        deadline: float,
+        on_ask: Callable[[Any], Any] | None = None,
+        limits: wire.Limits | None = None,
     ) -> Any:
         """Send one request; the worker's value, or SubjectRaised / WorkerTimeout / WorkerDied.
 
         With on_ask, each question frame ({"ask": ...}) before the reply is answered with
         on_ask's value; a question nobody may answer is a protocol error. If on_ask raises, the
-        worker, left waiting for an answer, is killed: the exception goes on to the caller."""
+        worker, left waiting for an answer, is killed: the exception goes on to the caller.
+        `limits` caps every frame of the request and their total (default: LOAD_REPLY for a
+        load, CALL_REPLY otherwise)."""
+        if limits is None:
+            limits = LOAD_REPLY if body.get("op") == "load" else CALL_REPLY
         if self.calls is not None:
             body = {**body, "trace": True}
-        self.send(body)
-        reply = self.receive(deadline)
+        budget = wire.Budget(limits)
+        request_id = self.send(body)
+        reply = self.receive(deadline, limits, budget)
         while on_ask is not None and isinstance(reply, dict) and set(reply) == {"ask"}:
             try:
                 answer = on_ask(reply["ask"])
             except BaseException:
                 self.kill()
                 raise
-            self.send({"answer": answer})
-            reply = self.receive(deadline)
+            self.send({"answer": answer}, answering=request_id)
+            reply = self.receive(deadline, limits, budget)
+        self._pending = None
         if self.calls is not None:
             called = reply.get("called") if isinstance(reply, dict) else None
             if not isinstance(called, list) or not all(isinstance(n, str) for n in called):
@@ -155,19 +194,50 @@ class Worker:
             self.calls.update(called)
         return self._value(body, reply)
 
-    def send(self, body: dict[str, Any]) -> None:
-        """Write one request frame; WorkerDied if the worker's end is gone."""
+    def send(self, body: dict[str, Any], answering: int | None = None) -> int:
+        """Write one request frame (or, `answering` a request's question, the answer frame under
+        its id); the request's id. WorkerDied if the worker's end is gone, or if a frame came
+        while no request was pending (it answers nothing: a forged or stray frame)."""
+        if answering is None:
+            self._check_quiet()
+            frame_id = self._pending = self._next_id
+            self._next_id = (self._next_id + 1) % (1 << 64)
+        else:
+            frame_id = answering
         try:
-            wire.write_frame(self._req_w, body)
+            wire.write_frame(self._req_w, body, frame_id)
         except OSError as e:
             raise WorkerDied(self._death(e)) from None
+        return frame_id
 
-    def receive(self, deadline: float) -> Any:
-        """The next frame from the worker, as sent; WorkerTimeout / WorkerDied.
+    def _check_quiet(self) -> None:
+        """WorkerDied if the reply pipe holds anything while no request is pending: a frame
+        that answers nothing, or the end of the pipe (the worker is gone)."""
+        if not select.select([self._resp_r], [], [], 0)[0]:
+            return
+        try:
+            stray = os.read(self._resp_r, 1)
+        except OSError as e:
+            raise WorkerDied(self._death(e)) from None
+        if not stray:
+            raise WorkerDied(self._death(wire.ChannelClosed("the reply pipe closed")))
+        said = wire.Unanswered("a frame came while no request was pending: it answers nothing")
+        raise WorkerDied(self._death(said))
+
+    def receive(
+        self,
+        deadline: float,
+        limits: wire.Limits = CALL_REPLY,
+        budget: wire.Budget | None = None,
+    ) -> Any:
+        """The next frame of the pending request from the worker, as sent; WorkerTimeout /
+        WorkerDied (also for a frame of another id, or one over `limits` or the `budget`).
 
         Waits in short slices, checking that the worker still runs: a worker that exited while
         a process it started holds its end of the pipe open never sends end-of-file.
         """
+        if self._pending is None:
+            raise WorkerDied(self._death(wire.ProtocolError("no request is pending")))
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -177,22 +247,27 @@ class Worker:
             if self._reap(0.0) is not None:
                 held = wire.ChannelClosed("and a process it started holds its pipe open")
                 raise WorkerDied(self._death(held))
+        left = max(0.0, deadline - time.monotonic())
         try:
-            return wire.read_frame(self._resp_r, max(0.0, deadline - time.monotonic()))
+            _, body = wire.read_frame(self._resp_r, left, limits, self._pending, budget)
         except wire.FrameTimeout:
             raise WorkerTimeout() from None
         except (wire.ProtocolError, OSError) as e:
             raise WorkerDied(self._death(e)) from None
+        return body
 
     def stream(
         self, body: dict[str, Any], due: Callable[[], float], on_event: Callable[[Any], None]
     ) -> Any:
         """Send a request whose probe emits events (channel.emit) before its reply: each event goes
-        to on_event, each frame must arrive by due(); returns the reply's value."""
+        to on_event, each frame must arrive by due() (all of them within STREAM_REPLY); returns
+        the reply's value."""
+        budget = wire.Budget(STREAM_REPLY)
         self.send(body)
         while True:
-            frame = self.receive(due())
+            frame = self.receive(due(), STREAM_REPLY, budget)
             if not (isinstance(frame, dict) and set(frame) == {"event"}):
+                self._pending = None
                 return self._value(body, frame)
             on_event(frame["event"])
 
@@ -219,7 +294,10 @@ class Worker:
         status = self._reap(1.0)
         if status is None:
             self.kill()
-            reason = f"worker stopped answering ({cause}) but kept running; killed"
+            if isinstance(cause, wire.ProtocolError) and not isinstance(cause, wire.ChannelClosed):
+                reason = f"worker killed after a protocol error ({cause})"
+            else:
+                reason = f"worker stopped answering ({cause}) but kept running; killed"
         else:
             if status < 0:
                 reason = f"worker killed by signal {_signal_name(-status)}"

@@ -45,19 +45,21 @@ def test_values_the_format_does_not_carry_are_refused(value):
         protocol.encode(value)
 
 
-def _frame_raw(raw: bytes) -> bytes:
-    return struct.pack(">4sIQ", protocol.MAGIC, len(raw), 0) + raw
+HEAD = ">4sQIQ"  # magic, id, JSON length, payload length
 
 
-def _frame(doc: dict, payload: bytes = b"") -> bytes:
-    raw = json.dumps(doc).encode()
-    return struct.pack(">4sIQ", protocol.MAGIC, len(raw), len(payload)) + raw + payload
+def _frame_raw(raw: bytes, payload: bytes = b"", frame_id: int = 0) -> bytes:
+    return struct.pack(HEAD, protocol.MAGIC, frame_id, len(raw), len(payload)) + raw + payload
+
+
+def _frame(doc: dict, payload: bytes = b"", frame_id: int = 0) -> bytes:
+    return _frame_raw(json.dumps(doc).encode(), payload, frame_id)
 
 
 @pytest.mark.parametrize(
     "frame, message",
     [
-        (b"PKL1" + bytes(12), "bad frame magic"),
+        (b"PKL1" + bytes(20), "bad frame magic"),
         (_frame({"body": 1}), "exactly 'body' and 'arrays'"),
         (_frame({"body": {"__ndarray__": 0}, "arrays": []}), "bad array reference"),
         (
@@ -73,7 +75,7 @@ def _frame(doc: dict, payload: bytes = b"") -> bytes:
             "needs 16",
         ),
         (_frame({"body": 0, "arrays": []}, bytes(3)), "the arrays use 0"),
-        (struct.pack(">4sIQ", protocol.MAGIC, 3, 0) + b"{]x", "does not parse"),
+        (_frame_raw(b"{]x"), "does not parse"),
     ],
 )
 def test_malformed_frames_are_rejected(frame, message):
@@ -84,12 +86,12 @@ def test_malformed_frames_are_rejected(frame, message):
 def test_oversize_frames_are_rejected_before_reading_them():
     r, w = os.pipe()
     try:
-        os.write(w, struct.pack(">4sIQ", protocol.MAGIC, 10, 1 << 40))
+        os.write(w, struct.pack(HEAD, protocol.MAGIC, 0, 10, 1 << 40))
         with pytest.raises(protocol.ProtocolError, match="exceeds the cap"):
             protocol.read_frame(r, timeout=1.0)
         os.write(w, protocol.encode({"x": np.zeros(1000)}))
         with pytest.raises(protocol.ProtocolError, match="exceeds the cap"):
-            protocol.read_frame(r, timeout=1.0, max_payload=100)
+            protocol.read_frame(r, timeout=1.0, limits=protocol.Limits(payload=100))
     finally:
         os.close(r)
         os.close(w)

@@ -6,7 +6,9 @@
   decides, from what the probe showed it, how the call goes on (the learning probe's checkpoints:
   the parent judges the weights so far with the oracle and says whether training stops).
 
-The serve loop attaches the pipes before it answers any request.
+Each frame carries the id of the request being served (harness.wire), as the reply will; the
+answer is read under that id too. The serve loop attaches the pipes before it answers any
+request, and names each request's id as it starts serving it.
 """
 
 from __future__ import annotations
@@ -23,19 +25,24 @@ def attach(read_fd: int, write_fd: int) -> None:
     _PIPES.update(read=read_fd, write=write_fd)
 
 
+def serving(request_id: int) -> None:
+    """The id of the request now being served."""
+    _PIPES["id"] = request_id
+
+
 def emit(event: Any) -> None:
     """Send an event frame ahead of the current request's reply."""
     if not _PIPES:
         raise RuntimeError("emit outside serve")
-    wire.write_frame(_PIPES["write"], {"event": event})
+    wire.write_frame(_PIPES["write"], {"event": event}, _PIPES["id"])
 
 
 def ask(question: Any) -> Any:
     """Send a question frame ahead of the current request's reply and wait for the answer."""
     if not _PIPES:
         raise RuntimeError("ask outside serve")
-    wire.write_frame(_PIPES["write"], {"ask": question})
-    frame = wire.read_frame(_PIPES["read"])
+    wire.write_frame(_PIPES["write"], {"ask": question}, _PIPES["id"])
+    _, frame = wire.read_frame(_PIPES["read"], expect=_PIPES["id"])
     if not (isinstance(frame, dict) and set(frame) == {"answer"}):
         raise RuntimeError("the parent sent no answer to the probe's question")
     return frame["answer"]

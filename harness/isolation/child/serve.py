@@ -12,6 +12,8 @@ another (harness.wire: plain data only). Requests:
 
 While a call runs, its probe may send frames ahead of the reply (harness.isolation.child.channel):
 {"event": ...} (progress, no answer) or {"ask": ...}, answered by the parent's {"answer": ...}.
+Every frame of a request (its events, questions, answers and reply) carries the request's id
+in its header (harness.wire); the parent refuses any frame of another id.
 
 A load or call request with "trace": true also answers "called": the subject's functions that
 ran meanwhile (harness.isolation.child.calls; for trusted subjects only, see there).
@@ -61,9 +63,10 @@ def serve(read_fd: int, write_fd: int) -> None:
     filename = ""  # the loaded subject's file, whose functions a traced request records
     while True:
         try:
-            request = wire.read_frame(read_fd)
+            request_id, request = wire.read_frame(read_fd)
         except wire.ChannelClosed:
             return
+        channel.serving(request_id)  # its events, questions and reply carry its id
         op = request.get("op")
         if op == "exit":
             return
@@ -95,11 +98,15 @@ def serve(read_fd: int, write_fd: int) -> None:
             else:
                 raise ValueError(f"unknown op {op!r}")
             answer = {"ok": True, "value": value}
-            reply = wire.encode({**answer, "called": sorted(called)} if traced else answer)
+            reply = wire.encode(
+                {**answer, "called": sorted(called)} if traced else answer, request_id
+            )
         except BaseException as exc:  # SystemExit and KeyboardInterrupt from a subject too
             failed = {"ok": False, "error": describe(exc)}
             # a call that raised ran functions too (a validation test's calls raise on purpose)
-            reply = wire.encode({**failed, "called": sorted(called)} if traced else failed)
+            reply = wire.encode(
+                {**failed, "called": sorted(called)} if traced else failed, request_id
+            )
         view = memoryview(reply)
         while view:
             view = view[os.write(write_fd, view) :]
