@@ -72,6 +72,10 @@ class WorkerTimeout(Exception):
     """The worker did not answer before the deadline."""
 
 
+# How a subject's NotImplementedError reads in a cell: an unwritten definition of a stub.
+NOT_IMPLEMENTED = "not implemented: "
+
+
 class SubjectRaised(Exception):
     """The subject raised inside a probe; `error` is the worker's description of it."""
 
@@ -80,6 +84,9 @@ class SubjectRaised(Exception):
         self.error = error
         where = f" at {error['where']}" if error.get("where") else ""
         said = f"{probe}: the subject raised {error['type']}: {error['message']}{where}"
+        if error["type"] == "NotImplementedError":  # a stub (`xfmr start`): its name, said plainly
+            name = error["message"] or str(error.get("where", "")).rpartition(" in ")[2]
+            said = f"{NOT_IMPLEMENTED}{name or 'a definition of the contract'}"
         super().__init__(printable(said))
 
 
