@@ -40,6 +40,7 @@ from harness.isolation.local import confinement, local, workspace
 from harness.isolation.sandbox import UnsafeInput, staged
 from harness.isolation.worker import (
     LOAD_TIMEOUT,
+    NOT_IMPLEMENTED,
     SubjectRaised,
     Worker,
     WorkerDied,
@@ -113,7 +114,7 @@ def check(
             apart = grading.tests_apart()  # plain subprocesses: as a grade's sandboxes
             cells, starts = run_subject_apart(subject, tests, apart, lambda s: launch)
             values = [t for t in tests if t.values]
-            failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)
+            failed = any(_diagnosable(cells[t.name]) for t in values)
             found = grading._diagnose(launch) if failed else {}
     except Exception as e:  # the checker's own failure: said, never raised
         reason = f"grader error while checking this code: {type(e).__name__}: {e}"
@@ -122,6 +123,12 @@ def check(
         return g
     results = grading.results_of(tests, cells, found)
     return Grade(str(shown), results, "", found, seconds(), SELF_CHECK, start_seconds=starts)
+
+
+def _diagnosable(cell: Cell) -> bool:
+    """A value test failed on a wrong value, not on a definition not yet written (a stub's
+    NotImplementedError: the diagnosis would only meet it again)."""
+    return cell.outcome is Outcome.KILLED and not cell.message.startswith(NOT_IMPLEMENTED)
 
 
 def text(g: Grade) -> str:
@@ -155,7 +162,7 @@ class Runner:
             cell = Cell(Outcome.ERROR, self.rejected)
         else:
             cell = self._cell(test)
-        if test.values and cell.outcome is Outcome.KILLED and not self.found:
+        if test.values and _diagnosable(cell) and not self.found:
             assert self.launch is not None
             self.found = grading._diagnose(self.launch)
         result = grading._result(test, cell, self.found, self.told)
