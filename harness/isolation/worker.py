@@ -43,6 +43,10 @@ STREAM_REPLY = wire.Limits(
     json=1 << 20, payload=0, depth=16, elements=100_000, total_json=64 << 20, total_payload=0
 )
 REPLY_LIMITS: dict[str, wire.Limits] = {}  # a probe's own caps, where CALL_REPLY's are too small
+# The grader's own peak memory (RSS) in a `grade-batch --jobs 2`, whatever its workers write:
+# each worker's frame costs at most CALL_REPLY.cost() (88 MiB) to read and decode, on top of
+# the grader's own working set. Measured by tests/harness_tests/test_hostile_wire.py.
+GRADER_PEAK = 512 << 20
 
 # Loading takes ~0.1 s from the fork server and ~4 s in a fresh sandbox (torch's imports); 60 s
 # leaves room for a loaded machine without letting a hang at import stall the run for long.
@@ -228,7 +232,7 @@ class Worker:
             raise WorkerDied(self._death(e)) from None
         if not stray:
             raise WorkerDied(self._death(wire.ChannelClosed("the reply pipe closed")))
-        said = wire.Unanswered("a frame came while no request was pending: it answers nothing")
+        said = wire.Unanswered("a frame arrived between requests: it answers no pending request")
         raise WorkerDied(self._death(said))
 
     def receive(
