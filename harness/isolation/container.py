@@ -22,6 +22,10 @@ What it gives, per worker:
   against fork), until /proc shows none running: a setsid daemon is gone before any report is
   written (grade() sweeps once more at its end).
 
+- where the container lets root make cgroups, each worker runs in one of its own
+  (harness.isolation.cgroups: memory of every kind and processes); where it does not, every
+  report says so (harness.isolation.sandbox.limits_problem).
+
 What it cannot give (the sandbox tier gives the first two): the network is the container's
 (the worker can reach whatever the container can); it sees the container's whole file system
 as any unprivileged user does (world-readable files, the process list); and it shares the
@@ -44,6 +48,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from harness.isolation import cgroups
 from harness.isolation.worker import Process, Start, kill_group
 
 USER = "xfmr-student"  # the dedicated user setup.sh creates
@@ -189,30 +194,54 @@ def private_home(who: Account) -> Path:
 class _Contained:
     """A worker running as the user: killing it kills every process of the user."""
 
-    def __init__(self, proc: subprocess.Popen, who: Account, code: Code, home: Path) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen,
+        who: Account,
+        code: Code,
+        home: Path,
+        accounted: cgroups.Accounted,
+    ) -> None:
         self.proc, self.pid = proc, proc.pid
         self.who, self.code, self.home = who, code, home
+        self.accounted = accounted
 
     def wait(self, timeout: float) -> int | None:
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+        self.accounted.exited(code)
+        return code
 
     def kill(self) -> None:
         kill_group(self.pid, reaped=self.proc.returncode is not None)
         sweep(self.who, self.code.interpreter)
 
     def release(self) -> None:
+        self.accounted.release()
         shutil.rmtree(self.home, ignore_errors=True)
 
 
 SERVE = _SERVE
 
 
-def contained(stage: Path, code: Code, user: str = USER) -> Start:
+def group(ram_mb: int, processes: int) -> cgroups.Cgroup | None:
+    """A cgroup of its own for one worker where the container lets the grader make one (None
+    where it does not: the sandbox's limits_problem says so in every report)."""
+    if cgroups.problem():
+        return None
+    try:
+        return cgroups.create(ram_mb << 20, processes)
+    except cgroups.CgroupUnavailable as e:
+        raise ContainerUnavailable(f"no cgroup for a worker: {e.strerror or e}") from None
+
+
+def contained(
+    stage: Path, code: Code, ram_mb: int = 1024, processes: int = 256, user: str = USER
+) -> Start:
     """A `Start` for an untrusted worker as `user`, reading `stage` (made read-only to it) where
-    it lies."""
+    it lies, in a cgroup of its own (`ram_mb`, `processes`) where one can be made."""
     check(code, user=user)
     who = account(user)
     lib = worker_code(code)
@@ -220,9 +249,12 @@ def contained(stage: Path, code: Code, user: str = USER) -> Start:
 
     def start(request_fd: int, reply_fd: int, log_fd: int) -> Process:
         home = private_home(who)
+        mine = None
         try:
+            mine = group(ram_mb, processes)
+            argv = command(code, lib, who, home, SERVE, str(request_fd), str(reply_fd))
             proc = subprocess.Popen(
-                command(code, lib, who, home, SERVE, str(request_fd), str(reply_fd)),
+                mine.wrap(argv) if mine else argv,
                 pass_fds=(request_fd, reply_fd),
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
@@ -232,9 +264,11 @@ def contained(stage: Path, code: Code, user: str = USER) -> Start:
                 env=environment(home),
             )
         except BaseException:
+            if mine:
+                mine.remove()
             shutil.rmtree(home, ignore_errors=True)
             raise
-        return _Contained(proc, who, code, home)
+        return _Contained(proc, who, code, home, cgroups.Accounted(mine, log_fd))
 
     return start
 
@@ -348,16 +382,27 @@ def check(code: Code, hidden: Sequence[Path] = (), user: str = USER) -> None:
         }
         lib = worker_code(code)
         home = private_home(who)
+        trial = group(256, 256)
         try:
             cmd = command(code, lib, who, home, _PROBE, json.dumps(want))
             done = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=60, env=environment(home), cwd="/"
+                trial.wrap(cmd) if trial else cmd,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=environment(home),
+                cwd="/",
             )
+            counted = trial.peak() if trial else 1
         except (OSError, subprocess.TimeoutExpired) as e:
             raise ContainerUnavailable(f"the trial worker did not run: {e}") from None
         finally:
             sweep(who, code.interpreter)
             shutil.rmtree(home, ignore_errors=True)
+            if trial:
+                trial.remove()
+        if not counted:  # the kernel charged nothing to its group: the limits would not hold
+            raise ContainerUnavailable("the trial worker's memory was not counted in its cgroup")
         if done.returncode != 0 or "container ok" not in done.stdout:
             why = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise ContainerUnavailable(

@@ -46,24 +46,21 @@ than run untrusted code without it (see --unsafe-no-sandbox).
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
-import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.isolation import container, seccomp, warm
+from harness.isolation import cgroups, container, neutral, seccomp, warm
 from harness.isolation.forkserver import forked
+from harness.isolation.staging import UnsafeInput as UnsafeInput  # re-exported
+from harness.isolation.staging import staged as staged  # re-exported
 from harness.isolation.worker import Process, Start, kill_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -91,8 +88,12 @@ class SandboxUnavailable(RuntimeError):
     """The sandbox cannot be set up on this machine; nothing untrusted may run."""
 
 
-class UnsafeInput(ValueError):
-    """An input that cannot be staged for a sandbox (a link, a special file)."""
+# What a worker's cgroup may hold, all memory of the worker's together. Measured: a worker
+# grading examples/correct_submission.py peaks at 232 MiB in its cgroup (the learning test's
+# worker; the other tests' 222 MiB), and a correct worker may also fill its /tmp (tmp_mb) and
+# /dev/shm (shm_mb): 232 + 256 + 64 = 552 MiB. 1 GiB is 1.85x that (4.4x the measured peak),
+# and is what one worker can take from the host whatever kind of memory it fills.
+RAM_MB = 1024
 
 
 @dataclass(frozen=True)
@@ -108,11 +109,23 @@ class Limits:
     # The private /tmp: a tmpfs is memory, which RLIMIT_AS does not count.
     tmp_mb: int = 256
     # Processes and threads of the sandbox's user: torch's pool plus a few, never a fork bomb
-    # (counted per user namespace, so only the sandbox's own processes count).
+    # (counted per user namespace, so only the sandbox's own processes count); the worker's
+    # cgroup holds its tasks (threads included) to the same figure.
     processes: int = 256
+    # Memory of every kind the worker's cgroup may hold (harness.isolation.cgroups): resident
+    # pages, tmpfs (/tmp, /dev/shm), memfd and SysV shared memory, page cache it reads in. RAM_MB.
+    # 0: RAM_MB, or memory_mb where the address space was raised past its default (every
+    # page of it may be resident).
+    ram_mb: int = 0
+    # /dev/shm, a size-limited tmpfs of its own (Python's semaphores live there; kilobytes).
+    shm_mb: int = 64
 
     def __post_init__(self) -> None:
-        for name in ("memory_mb", "file_mb", "tmp_mb", "processes"):
+        if self.ram_mb == 0:
+            object.__setattr__(
+                self, "ram_mb", max(RAM_MB, self.memory_mb) if self.memory_mb > 2048 else RAM_MB
+            )
+        for name in ("memory_mb", "file_mb", "tmp_mb", "processes", "ram_mb", "shm_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
@@ -193,98 +206,13 @@ def _masked(rel: str) -> bool:
     return top.endswith(".dist-info") and rest == "direct_url.json"
 
 
-def _tree(top: str, skip=lambda rel: False) -> list[tuple[str, str, int]]:
-    """(relative path, kind 'd'/'f'/'l', inode) of everything under `top` but `skip`, sorted;
-    other kinds (sockets, pipes, devices) are left out."""
-    found: list[tuple[str, str, int]] = []
-    stack = [""]
-    while stack:
-        rel = stack.pop()
-        with os.scandir(os.path.join(top, rel)) as entries:
-            for e in entries:
-                sub = f"{rel}/{e.name}" if rel else e.name
-                if skip(sub):
-                    continue
-                if e.is_symlink():
-                    found.append((sub, "l", e.inode()))
-                elif e.is_dir(follow_symlinks=False):
-                    found.append((sub, "d", e.inode()))
-                    stack.append(sub)
-                elif e.is_file(follow_symlinks=False):
-                    found.append((sub, "f", e.inode()))
-    return sorted(found)
-
-
-def _neutral_cache(device: int) -> Path | None:
-    """This user's neutral cache folder on file system `device` (made 0700), or None."""
-    for place in NEUTRAL_PLACES:
-        folder = Path(place) / f"xfmr-neutral-{os.getuid()}"
-        try:
-            if os.stat(place).st_dev != device or _inside(folder, PROJECT_ROOT):
-                continue
-            try:
-                folder.mkdir(mode=0o700)
-            except FileExistsError:
-                pass
-            info = os.lstat(folder)
-        except OSError:
-            continue
-        mine = stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
-        if mine and not info.st_mode & 0o077:
-            return folder
-    return None
-
-
-def _publish(build: Path, target: Path) -> Path:
-    """Move a finished `build` to `target` (another process may have won the race: keep its)."""
-    build.chmod(0o755)
-    try:
-        build.rename(target)
-    except OSError:
-        shutil.rmtree(build, ignore_errors=True)
-        if not target.is_dir():
-            raise
-    return target
-
-
-def _prune(cache: Path, days: float = 2.0) -> None:
-    """Remove the hard-link trees and code copies no process has used for `days` (site-packages
-    or the worker's code has changed since: each costs only its folders, but they add up)."""
-    for old in [*cache.glob("site-*"), *cache.glob("lib-*")]:
-        try:
-            if time.time() - old.stat().st_mtime > days * 86400:
-                shutil.rmtree(old, ignore_errors=True)
-        except OSError:
-            pass
+_tree = neutral.tree
 
 
 def _linked(source: str) -> Path:
-    """A tree of hard links to `source` without its masked files, in the neutral cache: the
-    same files under a name that is no host path of the project's. OSError if none can be."""
-    cache = _neutral_cache(os.stat(source).st_dev)
-    if cache is None:
-        raise OSError(f"no folder of {NEUTRAL_PLACES} is this user's and on {source}'s device")
-    entries = _tree(source, _masked)
-    key = hashlib.sha256(repr((source, entries)).encode()).hexdigest()[:32]
-    target = cache / f"site-{key}"
-    if target.is_dir():
-        os.utime(target)  # in use: _prune keeps it
-        return target
-    _prune(cache)
-    build = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
-    try:
-        for rel, kind, _ in entries:
-            here = os.path.join(source, rel)
-            if kind == "d":
-                os.mkdir(build / rel)
-            elif kind == "f":
-                os.link(here, build / rel, follow_symlinks=False)
-            else:
-                os.symlink(os.readlink(here), build / rel)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
-    return _publish(build, target)
+    """A tree of hard links to `source` without its masked files, in the neutral cache
+    (harness.isolation.neutral). OSError if none can be."""
+    return neutral.linked(source, _masked, PROJECT_ROOT, NEUTRAL_PLACES)
 
 
 def _worker_code() -> Path:
@@ -294,28 +222,7 @@ def _worker_code() -> Path:
     package = PROJECT_ROOT / CHILD_PACKAGE
     skip = lambda rel: "__pycache__" in rel.split("/")  # noqa: E731
     files += [f"{CHILD_PACKAGE}/{rel}" for rel, kind, _ in _tree(str(package), skip) if kind == "f"]
-    digest = hashlib.sha256()
-    for rel in sorted(files):
-        digest.update(f"{rel}\0".encode() + (PROJECT_ROOT / rel).read_bytes() + b"\0")
-    cache = _neutral_cache(os.stat(PROJECT_ROOT).st_dev) or _neutral_cache(
-        os.stat(NEUTRAL_PLACES[0]).st_dev
-    )
-    if cache is None:
-        raise OSError(f"no folder of {NEUTRAL_PLACES} is this user's")
-    target = cache / f"lib-{digest.hexdigest()[:32]}"
-    if target.is_dir():
-        os.utime(target)  # in use: _prune keeps it
-        return target
-    _prune(cache)
-    build = Path(tempfile.mkdtemp(prefix=".build-", dir=cache))
-    try:
-        for rel in files:
-            (build / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(PROJECT_ROOT / rel, build / rel)
-    except BaseException:
-        shutil.rmtree(build, ignore_errors=True)
-        raise
-    return _publish(build, target)
+    return neutral.code_copy(PROJECT_ROOT, files, NEUTRAL_PLACES)
 
 
 @dataclass(frozen=True)
@@ -469,7 +376,9 @@ def command(
     args += ["--size", str(limits.tmp_mb << 20), "--tmpfs", "/tmp"]
     args += mounts()
     args += ["--ro-bind", str(stage), INPUT]
-    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+    # /dev is a tmpfs without a size (read-only now); /dev/shm a tmpfs of shm_mb, anyone's
+    args += ["--perms", "1777", "--size", str(limits.shm_mb << 20), "--tmpfs", "/dev/shm"]
     # the kernel-wide files of /proc Docker masks too: keyrings' descriptions, timers, debug
     for name in PROC_MASKED:
         if os.path.exists(f"/proc/{name}"):
@@ -482,55 +391,21 @@ def command(
     return [*args, "--", seen.interpreter, "-I", "-S", "-B", "-c", boot, *argv]
 
 
-# --- staging an input ---------------------------------------------------------------------------
-
-
-@contextmanager
-def staged(files: Mapping[str, Path] = {}, texts: Mapping[str, str] = {}) -> Iterator[Path]:  # noqa: B006
-    """A private folder (mode 700) holding copies of `files` and the `texts`, removed after.
-
-    A link or a special file anywhere in an input is refused (UnsafeInput): a copy that follows
-    links could bring the grader's own files in, and a `loop -> .` link never ends."""
-    stage = Path(tempfile.mkdtemp(prefix="xfmr-stage-"))
-    try:
-        for name, source in files.items():
-            _copy(Path(source), stage / name)
-        for name, text in texts.items():
-            (stage / name).write_text(text)
-        yield stage
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
-
-
-def _copy(source: Path, target: Path) -> None:
-    if source.is_symlink():
-        raise UnsafeInput(f"{source.name} is a symbolic link; submissions may hold none")
-    if source.is_file():
-        shutil.copyfile(source, target)
-        return
-    if not source.is_dir():
-        raise UnsafeInput(f"{source.name} is neither a file nor a folder")
-    target.mkdir()
-    for entry in sorted(os.scandir(source), key=lambda e: e.name):
-        if entry.name == "__pycache__":
-            continue
-        _copy(Path(entry.path), target / entry.name)
-
-
 # --- running one -----------------------------------------------------------------------------
 
 
 class _Sandboxed:
-    """A worker in its sandbox, as the parent holds it: the bwrap process."""
+    """A worker in its sandbox, as the parent holds it: the bwrap process, and its cgroup."""
 
-    def __init__(self, proc: subprocess.Popen) -> None:
-        self.proc, self.pid = proc, proc.pid
+    def __init__(self, proc: subprocess.Popen, accounted: cgroups.Accounted) -> None:
+        self.proc, self.pid, self.accounted = proc, proc.pid, accounted
 
     def wait(self, timeout: float) -> int | None:
         try:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             return None
+        self.accounted.exited(code)
         # bwrap reports a worker killed by signal N as status 128 + N
         if code > 128 and code - 128 in {s.value for s in signal.Signals}:
             return -(code - 128)
@@ -541,12 +416,12 @@ class _Sandboxed:
         kill_group(self.pid, reaped=self.proc.returncode is not None)
 
     def release(self) -> None:
-        pass
+        self.accounted.release()
 
 
 def _seccomp_descriptor() -> int:
     try:
-        return seccomp.descriptor()
+        return seccomp.descriptor(deny_memfd=bool(cgroups.problem()))
     except seccomp.SeccompUnavailable as e:
         raise SandboxUnavailable(str(e)) from None
 
@@ -559,10 +434,12 @@ def sandboxed(stage: Path, limits: Limits = DEFAULT_LIMITS) -> Start:
     check()
 
     def start(request_fd: int, reply_fd: int, log_fd: int) -> Process:
+        group = worker_group(limits.ram_mb, limits.processes)
         rules = _seccomp_descriptor()
         try:
+            argv = command(stage, limits, SERVE, str(request_fd), str(reply_fd), seccomp_fd=rules)
             proc = subprocess.Popen(
-                command(stage, limits, SERVE, str(request_fd), str(reply_fd), seccomp_fd=rules),
+                group.wrap(argv) if group else argv,
                 pass_fds=(request_fd, reply_fd, rules),
                 stdin=subprocess.DEVNULL,
                 stdout=log_fd,
@@ -571,11 +448,46 @@ def sandboxed(stage: Path, limits: Limits = DEFAULT_LIMITS) -> Start:
                 cwd="/",
                 env={},
             )
+        except BaseException:
+            if group:
+                group.remove()
+            raise
         finally:
             os.close(rules)
-        return _Sandboxed(proc)
+        return _Sandboxed(proc, cgroups.Accounted(group, log_fd))
 
     return start
+
+
+def worker_group(ram_mb: int, processes: int) -> cgroups.Cgroup | None:
+    """A fresh cgroup with these limits for one worker; None where none can be made here
+    (`limits_problem` says so in every report). SandboxUnavailable if one could be made when
+    the run began but not now."""
+    if cgroups.problem():
+        return None
+    try:
+        return cgroups.create(ram_mb << 20, processes)
+    except cgroups.CgroupUnavailable as e:
+        raise SandboxUnavailable(f"no cgroup for a worker: {e.strerror or e}") from None
+
+
+def limits_problem(isolation: str = "sandbox") -> str:
+    """Which limits a worker of this tier lacks here and why ("" when each gets its cgroup):
+    said in every report of a run (harness.jobs.grade)."""
+    why = cgroups.problem()
+    if not why:
+        return ""
+    if isolation == CONTAINER_TIER:
+        return (
+            f"LIMITS MISSING: no cgroup per worker ({why}): a worker's memory beyond its address "
+            "space (memfd, shared memory, /dev/shm and /tmp files) is bounded only by the "
+            "container's own limit, its processes only by RLIMIT_NPROC"
+        )
+    return (
+        f"LIMITS MISSING: no cgroup per worker ({why}): no limit on a worker's memory beyond its "
+        "address space, /tmp and /dev/shm (memfd_create and shmget refused instead), nor on its "
+        "processes beyond RLIMIT_NPROC"
+    )
 
 
 SANDBOX_TIER, CONTAINER_TIER = "sandbox", "container"  # --isolation's choices
@@ -598,7 +510,7 @@ def starter(
     if unsafe:
         return forked, stage
     if isolation == CONTAINER_TIER:
-        return container.contained(stage, _container_code()), stage
+        return container.contained(stage, _container_code(), limits.ram_mb, limits.processes), stage
     if isolation != SANDBOX_TIER:
         raise ValueError(f"isolation is one of {TIERS}, not {isolation!r}")
     return sandboxed(stage, limits), Path(INPUT)
@@ -639,14 +551,31 @@ try:
 except OSError:
     pass
 open("/tmp/probe", "w").write("ok")
-for p in ("/usr/probe", "/sandbox/probe", "/probe", "/etc/probe"):
+for p in ("/usr/probe", "/sandbox/probe", "/probe", "/etc/probe", "/dev/probe"):
     try:
         open(p, "w")
         raise AssertionError(("writable", p))
     except OSError:
         pass
+shm = os.statvfs("/dev/shm")
+assert shm.f_blocks * shm.f_frsize <= int(sys.argv[4]), ("/dev/shm unbounded", shm.f_blocks)
+open("/dev/shm/probe", "w").write("ok")  # writable: Python's semaphores live there
+if sys.argv[3] == "cgroup":  # memfd pages count against the cgroup: past it, the kernel kills
+    print("sandbox ok", flush=True)
+    fd, chunk = os.memfd_create("probe"), b"1" * (16 << 20)
+    for _ in range(64):
+        os.write(fd, chunk)
+    print("MEMFD 1 GiB held: the cgroup's memory limit does not hold", flush=True)
+    raise SystemExit(4)
+try:
+    os.memfd_create("probe")
+    raise AssertionError("memfd_create allowed without a cgroup")
+except OSError as e:
+    assert e.errno == errno.EPERM, ("memfd_create", e)
 print("sandbox ok")
 """
+# The trial's cgroup: the probe (an interpreter and numpy, ~60 MiB) fits, its memfd does not.
+TRIAL_RAM_MB = 256
 
 _CHECKED: str | None = None
 _CHECK_LOCK = threading.Lock()
@@ -659,27 +588,51 @@ def check() -> None:
     with _CHECK_LOCK:
         if _CHECKED == "ok":
             return
+        group = worker_group(TRIAL_RAM_MB, DEFAULT_LIMITS.processes)
         rules = _seccomp_descriptor()
         try:
             with staged() as stage:
                 keyctl = str(seccomp.number("keyctl"))
+                mode, shm = "cgroup" if group else "none", str(DEFAULT_LIMITS.shm_mb << 20)
                 cmd = command(
-                    stage, DEFAULT_LIMITS, _PROBE, str(PROJECT_ROOT), keyctl, seccomp_fd=rules
+                    stage,
+                    DEFAULT_LIMITS,
+                    _PROBE,
+                    str(PROJECT_ROOT),
+                    keyctl,
+                    mode,
+                    shm,
+                    seccomp_fd=rules,
                 )
                 done = subprocess.run(
-                    cmd, capture_output=True, text=True, timeout=60, env={}, pass_fds=(rules,)
+                    group.wrap(cmd) if group else cmd,
+                    capture_output=True,
+                    text=True,
+                    timeout=60,
+                    env={},
+                    pass_fds=(rules,),
                 )
+            killed = bool(group and group.oom_kills())
         except (OSError, subprocess.TimeoutExpired) as e:
             raise SandboxUnavailable(f"bwrap did not run: {e}") from None
         finally:
             os.close(rules)
+            if group and not group.remove():
+                raise SandboxUnavailable(f"the trial's cgroup {group.memory} cannot be removed")
         if "SECCOMP" in done.stdout:
             said = done.stdout.split("SECCOMP", 1)[1].strip().splitlines()[0]
             raise SandboxUnavailable(
                 f"the seccomp filter does not hold in the trial sandbox ({said}): bwrap did not "
                 "load it; a sandbox without it would share the grader's keyrings"
             )
-        if done.returncode != 0 or "sandbox ok" not in done.stdout:
+        if group and "sandbox ok" in done.stdout and not killed:
+            said = (done.stdout.strip().splitlines() or ["no output"])[-1]
+            raise SandboxUnavailable(
+                f"the cgroup's memory limit does not hold in the trial sandbox ({said}; status "
+                f"{done.returncode}): a worker could fill the host's memory with memfd or tmpfs"
+            )
+        ok = done.returncode == (128 + signal.SIGKILL if group else 0)
+        if not ok or "sandbox ok" not in done.stdout:
             why = (done.stderr.strip().splitlines() or ["no output"])[-1]
             raise SandboxUnavailable(f"the trial sandbox failed (status {done.returncode}): {why}")
         _CHECKED = "ok"

@@ -157,9 +157,15 @@ def denied() -> list[str]:
     return [name for _, names in DENIED.values() for name in names]
 
 
-@functools.lru_cache(maxsize=1)
-def program() -> bytes:
-    """The compiled BPF program (struct sock_filter[]) that bwrap --seccomp loads."""
+# Refused too where a worker has no cgroup (harness.isolation.cgroups): memory no address-space
+# limit counts, which only a cgroup could bound.
+UNCOUNTED_MEMORY = ("memfd_create", "shmget")
+
+
+@functools.lru_cache(maxsize=2)
+def program(deny_memfd: bool = False) -> bytes:
+    """The compiled BPF program (struct sock_filter[]) that bwrap --seccomp loads; with
+    `deny_memfd`, UNCOUNTED_MEMORY's calls fail with EPERM too."""
     try:
         import pyseccomp as seccomp
     except (ImportError, RuntimeError, OSError) as e:  # RuntimeError: no libseccomp.so
@@ -171,7 +177,7 @@ def program() -> bytes:
     try:
         f = seccomp.SyscallFilter(seccomp.ALLOW)
         f.set_attr(seccomp.Attr.ACT_BADARCH, eperm)
-        for name in denied():
+        for name in denied() + list(UNCOUNTED_MEMORY if deny_memfd else ()):
             number = seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
             if number == -1:  # unknown to this libseccomp
                 if name not in NEWER:
@@ -203,11 +209,11 @@ def number(name: str) -> int:
     return seccomp.resolve_syscall(seccomp.Arch.NATIVE, name)
 
 
-def descriptor() -> int:
-    """A fresh descriptor holding the program, at offset 0, for one bwrap (which reads it and
-    closes its copy); the caller closes its own after starting bwrap."""
+def descriptor(deny_memfd: bool = False) -> int:
+    """A fresh descriptor holding the program (`program(deny_memfd)`), at offset 0, for one
+    bwrap (which reads it and closes its copy); the caller closes its own after starting bwrap."""
     fd = os.memfd_create("xfmr-seccomp")
-    data = program()
+    data = program(deny_memfd)
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

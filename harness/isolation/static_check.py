@@ -11,14 +11,27 @@ from __future__ import annotations
 
 import ast
 import os
+import stat
 import threading
 from pathlib import Path
 
 from harness.isolation.sandbox import PROJECT_PACKAGES as PROTECTED
+from harness.isolation.staging import (
+    MAX_ENTRIES,
+    UnsafeInput,
+    kind_problem,
+    open_regular,
+    read_capped,
+    size_problem,
+)
 
 # CPython 3.11's parser keeps its recursion depth per interpreter, not per thread: two threads
 # parsing at once (grade-batch) fail with "AST constructor recursion depth mismatch".
 _AST_LOCK = threading.Lock()
+# The largest source file the check parses. The parser's tree costs ~100x a file's bytes in the
+# grader's own memory (a list of a million literals), so a file past this is rejected unparsed:
+# impl/transformer.py is ~40 kB, the largest real-world base ~0.1 MB; 1 MiB is 10x that.
+MAX_SOURCE = 1 << 20
 
 
 def problems(source: str, filename: str = "<submission>") -> list[str]:
@@ -60,20 +73,50 @@ def _imported(node: ast.AST) -> list[str]:
 
 
 def check_submission(path: Path) -> list[str]:
-    """The problems of a .py file, or of every .py file in a package directory (links are not
-    followed: staging refuses them)."""
-    if path.is_dir():
-        files = []
+    """The problems of a .py file, or of every .py file in a package directory. Nothing but a
+    regular file is ever opened (lstat first, then O_NOFOLLOW | O_NONBLOCK and fstat): a link,
+    a named pipe, a socket, a device or a file past the staging cap is not read here but left
+    to staging (harness.isolation.staging), which refuses it with its name; a folder of more
+    entries than staging allows is read no further for the same reason."""
+    folder_given = stat.S_ISDIR(os.lstat(path).st_mode)
+    if folder_given:
+        files, seen = [], 0
         for folder, dirs, names in os.walk(path, followlinks=False):
+            seen += len(dirs) + len(names)
+            if seen > MAX_ENTRIES:
+                break
             dirs[:] = sorted(d for d in dirs if d != "__pycache__")
             files += [Path(folder) / n for n in sorted(names) if n.endswith(".py")]
     else:
         files = [path]
     found = []
     for file in files:
-        if file.is_symlink():
+        where = file.relative_to(path) if folder_given else Path(file.name)
+        size = os.lstat(file).st_size
+        if stat.S_ISREG(os.lstat(file).st_mode) and size > MAX_SOURCE:
+            found.append(
+                f"{where} does not parse (it is {size} bytes; the check parses a source file "
+                f"of at most {MAX_SOURCE >> 20} MiB)"
+            )
             continue
-        text = file.read_bytes().decode("utf-8", errors="replace")
-        where = file.relative_to(path) if path.is_dir() else file.name
-        found += [f"{where} {p}" for p in problems(text, str(where))]
+        text = _read(file, str(where))
+        if text is not None:
+            found += [f"{where} {p}" for p in problems(text, str(where))]
     return found
+
+
+def _read(file: Path, where: str) -> str | None:
+    """The text of a regular file within the staging cap; None for anything staging refuses."""
+    info = os.lstat(file)
+    if kind_problem(info.st_mode, where) or size_problem(info.st_size, where):
+        return None
+    try:
+        fd = open_regular(file, where, info)
+    except UnsafeInput:
+        return None
+    try:
+        return read_capped(fd, MAX_SOURCE, where).decode("utf-8", errors="replace")
+    except UnsafeInput:
+        return None
+    finally:
+        os.close(fd)

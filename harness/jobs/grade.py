@@ -34,6 +34,7 @@ from harness.isolation.sandbox import (
     TIERS,
     Limits,
     UnsafeInput,
+    limits_problem,
     staged,
     starter,
 )
@@ -179,6 +180,8 @@ def grade(
     # machine, so a short cap on the tests (a batch's --time-limit 8) must not fail the load
     load_timeout = LOAD_TIMEOUT
     mode = UNSAFE if unsafe else CONTAINER if isolation == CONTAINER_TIER else SANDBOX
+    if not unsafe and (missing := limits_problem(isolation)):  # said in every report
+        mode = f"{mode}; {missing}"
     shown, path = path, submitted(path)
     folder = folder_of(shown, path)
     rejected = rejection(path, folder)
