@@ -302,8 +302,8 @@ class Accounted:
             mb = self.group.memory_bytes >> 20
             line = (
                 f"\n[grader] the worker reached its memory limit of {mb} MiB (all its memory "
-                "together: resident, /tmp, /dev/shm, memfd, shared memory); "
-                "the kernel killed it\n"
+                "together: resident, /tmp, /dev/shm, memfd, shared memory); the kernel killed "
+                f"it (peak {self.group.peak() >> 20} MiB)\n"
             )
             try:
                 os.pwrite(self._log, line.encode(), os.fstat(self._log).st_size)
