@@ -63,6 +63,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "harness.selfcheck",
         "a student's self-check (no sandbox, not a grade): the shared tests, --suite: mutants",
     ),
+    "start": (
+        "harness.tools.start",
+        "a student's starting folder: transformer.py stubbed from the contract, tests/, README",
+    ),
+    "diff": (
+        "harness.diff",
+        "after every shared test passes: your code beside the reference, definition by definition",
+    ),
     "warm-server": (
         "harness.tools.warm_server",
         "start, inspect or stop the warm fork server that --incremental keeps between runs",

@@ -131,7 +131,7 @@ run() {{
 case "$TIER" in
     {sandbox}|{container})
         run grade /autograder/submission --gradescope "$RESULTS/results.json" \
-            --isolation "$TIER" {options}
+            --isolation "$TIER" {options}{grade_json}
         ;;
     *)  # setup.sh proved no tier (its reasons are in $SOURCE/isolation)
         run autograder refuse --why "$SOURCE/isolation" --out "$RESULTS/results.json" \
@@ -139,7 +139,7 @@ case "$TIER" in
         ;;
 esac
 status=$?
-if [ ! -s "$RESULTS/results.json" ]; then  # the grader could not even report: say so
+{reveal}if [ ! -s "$RESULTS/results.json" ]; then  # the grader could not even report: say so
     MSG="NOT GRADED: the autograder failed before it could report (status $status); this is "
     MSG+="not a verdict on your code, and its score of 0 stands only until course staff "
     MSG+="regrade it.\\nCourse staff: the autograder's output (stdout) says why; fix it, then "
@@ -191,9 +191,23 @@ def _grade_options(args: argparse.Namespace) -> list[str]:
     return options
 
 
+# --reveal-reference-after-pass (a course policy, off by default): the grade also writes its JSON,
+# and `xfmr diff` adds the student's code beside the reference to a full-score results.json
+# (harness.diff; it reads the submission's source, never runs it). Without it nothing of impl
+# reaches a results.json.
+GRADE_JSON = ' --json "$RESULTS/grade.json"'
+REVEAL = """if [ -s "$RESULTS/grade.json" ]; then  # the reference, after a full score
+    run diff /autograder/submission --grade "$RESULTS/grade.json" \\
+        --gradescope "$RESULTS/results.json" > /dev/null
+fi
+rm -f "$RESULTS/grade.json"
+"""
+
+
 def build(args: argparse.Namespace, tests: Sequence[Test]) -> bytes:
     """The autograder zip's bytes."""
     options = _grade_options(args)
+    reveal = bool(getattr(args, "reveal_reference_after_pass", False))
     refuse = [*options[:4], *options[4:6]]  # visibility and the tests, not the time limit
     fill = {
         "version": version("xfmr-oracle"),
@@ -207,6 +221,8 @@ def build(args: argparse.Namespace, tests: Sequence[Test]) -> bytes:
         "refuse": shlex.join(refuse),
         "visibility": args.visibility,
         "stdout_visibility": args.stdout_visibility,
+        "grade_json": GRADE_JSON if reveal else "",
+        "reveal": REVEAL if reveal else "",
     }
     data = io.BytesIO()
     with zipfile.ZipFile(data, "w", zipfile.ZIP_DEFLATED) as z:
@@ -223,6 +239,7 @@ def build(args: argparse.Namespace, tests: Sequence[Test]) -> bytes:
             "version": fill["version"],
             "run_autograder_grades_with": options,
             "container_tier_user": args.user,
+            "reveal_reference_after_pass": reveal,
         }
         add("assignment.json", (json.dumps(about, indent=2) + "\n").encode())
         for name, path in _source_files():
@@ -275,6 +292,12 @@ def configure_autograder(parser: argparse.ArgumentParser) -> None:
         help="cap every test's limit (seconds); loading keeps its own limit",
     )
     build_it.add_argument("--user", default="xfmr-student", help="the container tier's user")
+    build_it.add_argument(
+        "--reveal-reference-after-pass",
+        action="store_true",
+        help="a course policy, off by default: a full-score results.json also shows the "
+        "student's code beside the reference (xfmr diff); otherwise no results.json holds any",
+    )
     for option, default, what in (
         ("--visibility", "visible", "the whole result"),
         ("--stdout-visibility", "hidden", "the grader's standard output"),

@@ -7,6 +7,7 @@ the grade has finished, and every worker is gone, before any of these runs.
 
 from __future__ import annotations
 
+import hashlib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -55,10 +56,29 @@ def text(g: Grade) -> str:
     return "\n".join(lines)
 
 
+def sha256_of(path: str | Path) -> str:
+    """The submission's sha256 (hex): a file's bytes, or a folder's files (each relative path
+    and its bytes, in sorted order, caches aside); "" if it cannot be read."""
+    path = Path(path)
+    digest = hashlib.sha256()
+    try:
+        if not path.is_dir():
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+        for file in sorted(p for p in path.rglob("*") if p.is_file()):
+            if "__pycache__" not in file.parts:
+                name = file.relative_to(path).as_posix().encode()
+                digest.update(len(name).to_bytes(8, "big") + name)
+                digest.update(hashlib.sha256(file.read_bytes()).digest())
+    except OSError:
+        return ""
+    return digest.hexdigest()
+
+
 def to_json(g: Grade) -> dict[str, Any]:
     """The JSON report (`xfmr grade --json`): the totals first, then every test."""
     return {
         "submission": g.submission,
+        "sha256": sha256_of(g.submission),  # what `xfmr diff --grade` matches the file by
         "score": g.score,
         "max_score": g.max_score,
         "passed": g.passed,

@@ -101,3 +101,35 @@ def gradescope(
             for t in g.tests
         ],
     }
+
+
+# The extra test a full-score results.json carries where the course reveals the reference after
+# a pass (`xfmr autograder gradescope --reveal-reference-after-pass`; off by default).
+REFERENCE_DIFF = "Your code beside the reference (shown after a full score; 0 points)"
+
+
+def full_score(results: dict[str, Any]) -> bool:
+    """Every test of a results.json passed with its whole points, and the score is their sum."""
+    tests = results.get("tests")
+    if not isinstance(tests, list) or not tests:
+        return False
+    most = sum(float(t.get("max_score", 0)) for t in tests)
+    every = all(t.get("status") == "passed" and t.get("score") == t.get("max_score") for t in tests)
+    return every and most > 0 and float(results.get("score", -1)) == most
+
+
+def with_reference(results: dict[str, Any], diff: str) -> dict[str, Any]:
+    """results.json with the reference diff as one more test of 0 points, if it has the full
+    score; otherwise `results` itself, unchanged (the reference never reaches a student then)."""
+    if not full_score(results):
+        return results
+    extra = {
+        "name": REFERENCE_DIFF,
+        "score": 0.0,
+        "max_score": 0.0,
+        "status": "passed",
+        "output": diff,
+        "output_format": "text",
+        "visibility": results.get("visibility", "visible"),
+    }
+    return {**results, "tests": [*results["tests"], extra]}
