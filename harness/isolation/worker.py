@@ -5,6 +5,12 @@ How the process starts is the caller's choice (a `Start`): sandboxed for untrust
 (harness.isolation.forkserver). Everything that comes back is untrusted data: a malformed frame,
 an early exit or a silence is the worker's failure (WorkerDied, WorkerTimeout), never the
 parent's exception.
+
+Each request gets an id (a counter from a random start) that every frame answering it must carry
+(harness.wire): a frame of another id, or one that arrives between requests, answers nothing
+and ends the worker with that reason, so a reply can never be taken for another request's. What
+a request's frames may cost to read is capped by what it asked for (LOAD_REPLY, CALL_REPLY,
+STREAM_REPLY), which bounds the grader's own memory whatever a worker writes (GRADER_PEAK).
 """
 
 from __future__ import annotations
