@@ -33,6 +33,7 @@ from oracle.error_bounds import ForwardBounds, forward_bounds, label_smoothed_lo
 from oracle.grads import logits_loss_and_grads, loss_and_grads
 from oracle.loss import label_smoothed_loss, noam_rate
 from oracle.model import decode, encode, forward
+from oracle.optim import adam_step, adam_step_bound
 from oracle.params import ModelSpec, Params
 from oracle.readers.state_dict import SCHEMES, StateDictError, read_state_dict, register_scheme
 from oracle.roundoff import bounded
@@ -45,6 +46,8 @@ __all__ = [
     "ModelSpec",
     "Params",
     "StateDictError",
+    "adam_step",
+    "adam_step_bound",
     "beam_search",
     "best_hypothesis",
     "bounded",
