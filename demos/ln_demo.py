@@ -16,6 +16,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from demos.args import (
     add_model_args,
@@ -76,27 +77,31 @@ def run_ln_demo(args: argparse.Namespace) -> int:
         return ln_demo(args)
 
 
-def ln_demo(args: argparse.Namespace) -> int:
-    """Post-LN and pre-LN at a constant rate, then post-LN warmed up, over several seeds."""
-    from impl.transformer import fit
-
-    data = addition.load(args.digits, n_test=1, seed=0)
-    src, tgt = data.train_src.to(args.device), data.train_tgt.to(args.device)
-    # the Noam factor that puts the warmup's peak, at n = warmup, at the constant rate
+def settings_of(args: argparse.Namespace) -> tuple[dict[str, tuple[str, float | None]], float]:
+    """The demo's three settings (norm, constant rate or None for Noam) and the Noam factor that
+    puts the warmup's peak, at n = warmup, at the constant rate."""
     factor = args.lr * math.sqrt(args.d_model) * math.sqrt(args.warmup)
-    settings = {
+    return {
         "post-LN, constant rate": ("post", args.lr),
         "pre-LN, constant rate": ("pre", args.lr),
         f"post-LN, Noam warmup {args.warmup}": ("post", None),
-    }
+    }, factor
+
+
+def curves_of(args: argparse.Namespace, module: Any = None) -> dict[str, list[list[float]]]:
+    """Every setting's loss curve for each seed: impl's model and fit, or `module`'s (a
+    student's transformer.py: its Transformer, fit and with them its noam_rate and optimizer)."""
+    if module is None:
+        from impl import transformer as module
+    data = addition.load(args.digits, n_test=1, seed=0)
+    src, tgt = data.train_src.to(args.device), data.train_tgt.to(args.device)
+    settings, factor = settings_of(args)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     curves: dict[str, list[list[float]]] = {name: [] for name in settings}
-    t0 = time.perf_counter()
-    load_before = machine_load()
     for seed in seeds:
         for name, (norm, lr) in settings.items():
-            model = make_model(args, norm, seed).to(args.device)
-            losses = fit(
+            model = make_model(args, norm, seed, module).to(args.device)
+            losses = module.fit(
                 model,
                 src,
                 tgt,
@@ -109,25 +114,43 @@ def ln_demo(args: argparse.Namespace) -> int:
                 seed=seed,
                 callback=Progress(args.steps, label=f"seed {seed} {name:<26} "),
             )
-            curves[name].append(losses)
+            curves[name].append([float(x) for x in losses])
+    return curves
+
+
+def summary_of(curves: dict[str, list[list[float]]], tail: int) -> dict[str, dict[str, Any]]:
+    """Each setting's kept fraction per seed, its mean and spread."""
+    out = {}
+    for name, runs in curves.items():
+        kept = [kept_fraction(r, tail) for r in runs]
+        spread = statistics.stdev(kept) if len(kept) > 1 else 0.0
+        out[name] = {"kept": kept, "mean": statistics.fmean(kept), "stdev": spread}
+    return out
+
+
+def ln_demo(args: argparse.Namespace) -> int:
+    """Post-LN and pre-LN at a constant rate, then post-LN warmed up, over several seeds."""
+    _, factor = settings_of(args)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    t0 = time.perf_counter()
+    load_before = machine_load()
+    curves = curves_of(args)
     wall_s = time.perf_counter() - t0
 
-    summary = {}
+    summary = summary_of(curves, args.tail)
     print(
         f"\nfraction of the first loss kept after {args.steps} updates "
         f"(mean of the last {args.tail} over update 0), seeds {list(seeds)}:"
     )
-    for name, runs in curves.items():
-        kept = [kept_fraction(r, args.tail) for r in runs]
-        spread = statistics.stdev(kept) if len(kept) > 1 else 0.0
-        summary[name] = {"kept": kept, "mean": statistics.fmean(kept), "stdev": spread}
+    for name, said in summary.items():
+        kept = said["kept"]
         per_seed = " ".join(f"{k:.3f}" for k in kept)
         print(
-            f"  {name:<28} {statistics.fmean(kept):6.1%} +- {spread:.1%}  "
+            f"  {name:<28} {said['mean']:6.1%} +- {said['stdev']:.1%}  "
             f"(min {min(kept):.1%}, max {max(kept):.1%}; per seed {per_seed})"
         )
     print(
-        f"{len(settings) * args.seeds} runs in {wall_s:.0f} s, load {load_before} -> "
+        f"{len(curves) * args.seeds} runs in {wall_s:.0f} s, load {load_before} -> "
         f"{machine_load()}; the seed reports about 91% post-LN and 54% pre-LN"
     )
     out = Path(args.out)

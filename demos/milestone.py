@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from demos.args import nonnegative_int, positive_int
-from demos.runtime import machine_load
+from demos.runtime import THREADS, machine_load
 
 TARGET = 0.98  # the seed's MS-L5: exact match on held-out three-digit sums
 LIMIT_S = 600  # and each run within 10 minutes
@@ -41,7 +41,11 @@ def configure_milestone(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--jobs", type=positive_int, default=2, help="runs at a time")
     parser.add_argument("--runs", default="runs/milestone", help="folder for the runs")
-    parser.add_argument("--results", default="results", help="folder for milestone.md and PNG")
+    parser.add_argument(
+        "--results",
+        default=None,
+        help="folder for milestone.md and PNG (results; with --submission: milestone_results)",
+    )
     parser.add_argument(
         "--reuse", action="store_true", help="keep runs that already have metrics.json"
     )
@@ -50,6 +54,20 @@ def configure_milestone(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="train nothing: report the runs that have metrics.json, name the missing ones",
     )
+    own = parser.add_argument_group("your own model")
+    own.add_argument(
+        "--submission",
+        metavar="FILE",
+        help="your transformer.py: the milestone on your own model (its fit, noam_rate, "
+        "make_optimizer, translate), on this machine without a sandbox, as xfmr check",
+    )
+    own.add_argument(
+        "--smoke",
+        action="store_true",
+        help="with --submission: a quick run (two-digit sums, a shorter LayerNorm demo; under 3 "
+        "minutes on 2 CPU cores) against the smoke bar",
+    )
+    own.add_argument("--threads", type=positive_int, default=THREADS, help="torch CPU threads")
 
 
 def run_name(dtype: str, norm: str, seed: int) -> str:
@@ -103,7 +121,14 @@ def git_commit() -> str:
 
 
 def run_milestone(args: argparse.Namespace) -> int:
-    runs, results = Path(args.runs), Path(args.results)
+    if args.submission:
+        from demos.own_model import run_own_milestone
+
+        return run_own_milestone(args)
+    if args.smoke:
+        print("xfmr milestone: error: --smoke needs --submission", file=sys.stderr)
+        return 2
+    runs, results = Path(args.runs), Path(args.results or "results")
     results.mkdir(parents=True, exist_ok=True)
     seeds = range(args.first_seed, args.first_seed + args.seeds)
     jobs = [(d, n, s) for d in args.dtypes for s in seeds for n in args.norms]

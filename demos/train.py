@@ -53,11 +53,13 @@ def model_dir(text: str) -> Path:
     return path
 
 
-def make_model(args: argparse.Namespace, norm: str, seed: int):
-    """impl's Transformer on the addition vocabulary, initialized from `seed`."""
-    from impl.transformer import Transformer, TransformerConfig
+def make_model(args: argparse.Namespace, norm: str, seed: int, module: Any = None):
+    """impl's Transformer (or `module`'s: a student's, `xfmr milestone --submission`) on the
+    addition vocabulary, initialized from `seed`."""
+    if module is None:
+        from impl import transformer as module
 
-    cfg = TransformerConfig(
+    cfg = module.TransformerConfig(
         src_vocab=addition.VOCAB,
         tgt_vocab=addition.VOCAB,
         d_model=args.d_model,
@@ -69,7 +71,7 @@ def make_model(args: argparse.Namespace, norm: str, seed: int):
         norm=norm,
     )
     torch.manual_seed(seed)
-    return Transformer(cfg)
+    return module.Transformer(cfg)
 
 
 # --- xfmr train ---------------------------------------------------------------------------
@@ -119,14 +121,20 @@ def load_split(
 
 
 @torch.no_grad()
-def teacher_forced(model, src, tgt, smoothing: float) -> tuple[torch.Tensor, float]:
+def teacher_forced(
+    model, src, tgt, smoothing: float, loss_fn: Callable | None = None
+) -> tuple[torch.Tensor, float]:
     """Which rows are exactly right, and the label-smoothed loss, from one teacher-forced pass.
 
     A row is right when the argmax at every target position, eos included, is the target's token.
     That is the event of greedy decoding returning exactly the answer (each greedy step then reads
     the right prefix), so this is greedy exact match at the cost of one batched forward pass.
+    The loss is impl's label_smoothed_loss, or `loss_fn` (a student's own).
     """
-    from impl.transformer import label_smoothed_loss
+    if loss_fn is None:
+        from impl.transformer import label_smoothed_loss
+
+        loss_fn = label_smoothed_loss
 
     was_training = model.training
     model.eval()
@@ -136,8 +144,8 @@ def teacher_forced(model, src, tgt, smoothing: float) -> tuple[torch.Tensor, flo
     finally:
         model.train(was_training)
     right = (logits.argmax(-1) == tgt_out) | (tgt_out == addition.PAD)
-    loss = label_smoothed_loss(logits, tgt_out, smoothing, addition.PAD)
-    return right.all(dim=1), loss.item()
+    loss = loss_fn(logits, tgt_out, smoothing, addition.PAD)
+    return right.all(dim=1), float(loss)
 
 
 class Solved(Exception):
@@ -162,8 +170,9 @@ class Validation:
         smoothing: float,
         stop_at: float | None = 1.0,
         then: Callable[[int, float, float], None] | None = None,
+        loss_fn: Callable | None = None,
     ) -> None:
-        self.model, self.src, self.tgt = model, src, tgt
+        self.model, self.src, self.tgt, self.loss_fn = model, src, tgt, loss_fn
         self.every, self.smoothing, self.stop_at, self.then = every, smoothing, stop_at, then
         self.losses: list[float] = []
         self.checks: list[dict] = []
@@ -176,7 +185,9 @@ class Validation:
             self.then(step, rate, loss)
         if len(self.src) == 0 or (step + 1) % self.every:
             return
-        right, val_loss = teacher_forced(self.model, self.src, self.tgt, self.smoothing)
+        right, val_loss = teacher_forced(
+            self.model, self.src, self.tgt, self.smoothing, self.loss_fn
+        )
         em = right.float().mean().item()
         check = {"update": step + 1, "exact_match": em, "loss": val_loss}
         self.checks.append(check)
@@ -370,12 +381,23 @@ def train(args: argparse.Namespace) -> int:
 # --- xfmr evaluate ------------------------------------------------------------------------
 
 
-def exact_match(model, src, tgt, digits: int, beam: int, length_penalty: float = 1.0) -> float:
-    """Held-out exact match of impl's translate (beam 1 is greedy)."""
-    from impl.transformer import translate
+def exact_match(
+    model,
+    src,
+    tgt,
+    digits: int,
+    beam: int,
+    length_penalty: float = 1.0,
+    translate: Callable | None = None,
+) -> float:
+    """Held-out exact match of impl's translate, or `translate` (beam 1 is greedy)."""
+    if translate is None:
+        from impl import transformer
+
+        translate = transformer.translate
 
     dev = next(model.parameters()).device
-    predictions = []
+    predictions: list[list[int]] = []
     for i in range(0, len(src), EVAL_CHUNK):
         predictions += translate(
             model,
