@@ -13,11 +13,22 @@ The model of an honest implementation (Higham, "Accuracy and Stability", ch. 2-3
   oneDNN and torch's CPU and GPU kernels do); its error sum_k d_k S_k (S_k its partial sums,
   |d_k| <= u_acc) is at most u_acc sqrt(n) sum|t| in the sub-Gaussian scale of Higham & Mary;
 - exp, log, sqrt and erf are within 2 u_acc of the exact value before they are stored;
+- a sum or difference a + b is exact only for its operands as the subject holds them, and those
+  are rounded at their own magnitudes: its error is u (|a| + |b|) (each operand's rounding, one
+  sign) plus the result's u|a + b|, not u|a + b| alone, which vanishes where the sum cancels
+  (x0 = 0.056 from E[ids] sqrt(d) = 0.94 and PE = -0.88: a float64 subject is then 1-2 ulps of
+  the terms, 30 of the result, from the oracle). Every addition and subtraction of the model
+  rounds so: the embedding + PE sum, residuals, bias adds, LayerNorm's mean subtraction,
+  softmax's max subtraction, the loss's terms; reductions and matmuls already carry sum |t|;
 - inputs: weights that are not numbers of the dtype are rounded when loaded (u|w|; the shared
   tests draw float32 numbers, exact in float32 and float64); the positional table is computed in
-  float64 or better and rounded once to the dtype (u|PE|). A table computed in float32 arithmetic
-  carries an angle error of ~|angle| u32 (1e-5 at position 200): a fault here, one of the
-  course's pitfalls.
+  the accumulation's precision u_acc (float64 for a float64 subject, float32 or better
+  otherwise) by any of the contract's honest forms (p / 10000^(2i/d), p exp(-2i ln(10000) / d),
+  ...: the angle a = p f within (3 |ln f| + 2) u_acc of itself, the exponent's three roundings
+  scaled by |ln f| through the power), sin and cos within 2 u_acc, and rounded once to the dtype
+  when it is added (`pe_error`). A float64 table differs from the oracle's by up to ~a 30 u64
+  (1e-14 at position 32); a table computed in float32 arithmetic in a float64 model carries
+  ~a u32 (1e-5 at position 200): a fault there, one of the course's pitfalls.
 
 Propagation, and the choice argued: the worst-case form (Higham's gamma_n = n u on |A||B|,
 carried through every equation by |W| |de|) holds for every rounding, but its componentwise
@@ -58,6 +69,25 @@ from oracle.params import Params
 U64 = 2.0**-53
 SAMPLES = 32  # K, the perturbed runs
 LAMBDA = 10.0  # B = LAMBDA * s: P(|t_32| > 10) ~ 1e-10 per value
+
+
+_FINITE = 1e300  # an operand's size capped here: a masked -inf score stays itself
+
+
+def pe_error(length: int, d: int, u_acc: float) -> np.ndarray:
+    """[length, d]: how far an honest positional table computed in u_acc's precision may be
+    from the oracle's, per entry (the module's model): the angle a = p f, f = 10000^(-2i/d),
+    within (3 |ln f| + 2) u_acc a of itself moves sin a by |cos a| times that, and sin and cos
+    are within 2 u_acc of their values (cos likewise, with |sin a|)."""
+    p = np.arange(length, dtype=np.float64)[:, None]
+    two_i = np.arange(0, d, 2, dtype=np.float64)
+    f = 10000.0 ** (-two_i / d)
+    a = p * f
+    da = (3.0 * np.abs(np.log(f)) + 2.0) * u_acc * a
+    out = np.empty((length, d))
+    out[:, 0::2] = np.abs(np.cos(a)) * da + 2 * u_acc * np.abs(np.sin(a))
+    out[:, 1::2] = (np.abs(np.sin(a)) * da + 2 * u_acc * np.abs(np.cos(a)))[:, : d // 2]
+    return out
 
 
 @dataclass(frozen=True)
@@ -119,6 +149,13 @@ class Rounding:
         """y plus a length-n reduction's error, u_acc sqrt(n) sum|t| times N(0, 1)."""
         return y + self.rng.standard_normal(y.shape) * (self.u_acc * math.sqrt(n)) * abs_sum
 
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """fl(a + b) of operands held at their own magnitudes: a + b + s u (|a| + |b|), stored."""
+        y = a + b
+        spread = self.u * np.minimum(np.abs(a) + np.abs(b), _FINITE)
+        y = np.where(np.isfinite(y), y + self.sign(y.shape) * spread, y)
+        return self.store(y)
+
     def weight(self, w: np.ndarray) -> np.ndarray:
         """The subject's copies of w [K, ...]: rounded (+-u|w|) where w is not of its dtype."""
         exact = representable(w, self.dtype)
@@ -140,12 +177,12 @@ def linear(r: Rounding, x: np.ndarray, W: np.ndarray, b: np.ndarray | None) -> n
     K, n = x.shape[0], x.shape[-1]
     y = matmul(r, x.reshape(K, -1, n), W.swapaxes(-1, -2))
     y = y.reshape(*x.shape[:-1], W.shape[-2])
-    return y if b is None else r.store(y + b[:, None, None, :])
+    return y if b is None else r.add(y, b[:, None, None, :])
 
 
 def softmax(r: Rounding, z: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """exp(z - max z) / sum exp(z - max z): shift, exp, sum, quotient each rounded."""
-    s = r.store(np.where(mask, z - np.max(np.where(mask, z, -np.inf), -1, keepdims=True), 0.0))
+    s = np.where(mask, r.add(z, -np.max(np.where(mask, z, -np.inf), -1, keepdims=True)), 0.0)
     E = np.where(mask, r.store(np.exp(s), r.u + 2 * r.u_acc), 0.0)
     total = r.store(r.accumulate(E.sum(-1, keepdims=True), E.shape[-1], E.sum(-1, keepdims=True)))
     return np.where(mask, r.store(E / total), 0.0)
@@ -182,12 +219,12 @@ def layer_norm(r: Rounding, x: np.ndarray, g: np.ndarray, b: np.ndarray, eps: fl
     """g (x - mu) / sqrt(var + eps) + b, two passes (the mean, then the centred variance)."""
     d = x.shape[-1]
     mu = r.store(r.accumulate(x.sum(-1, keepdims=True), d, np.abs(x).sum(-1, keepdims=True)) / d)
-    xc = r.store(x - mu)
+    xc = r.add(x, -mu)
     sq = r.store(xc * xc)
     var = r.store(r.accumulate(sq.sum(-1, keepdims=True), d, sq.sum(-1, keepdims=True)) / d)
-    sigma = r.store(np.sqrt(r.store(var + eps)), r.u + 2 * r.u_acc)
+    sigma = r.store(np.sqrt(r.add(var, np.full_like(var, eps))), r.u + 2 * r.u_acc)
     gx = r.store(r.store(xc / sigma) * g[:, None, None, :])
-    return r.store(gx + b[:, None, None, :])
+    return r.add(gx, b[:, None, None, :])
 
 
 def activation(r: Rounding, name: str, x: np.ndarray) -> np.ndarray:
@@ -213,22 +250,25 @@ class _Runs:
         return layer_norm(self.r, x, w[f"{name}.weight"], w[f"{name}.bias"], self.spec.ln_eps)
 
     def embed(self, table: str, ids: np.ndarray) -> np.ndarray:
-        """E[ids] * scale (constant and product rounded) + PE (rounded to the dtype), stored."""
+        """E[ids] * scale (constant and product rounded) + PE (as an honest subject computes it,
+        `pe_error`), the sum of the two rounded at their magnitudes and stored."""
         r = self.r
         E = self.w[table]
         x = r.store(r.store(E[:, ids] * self.spec.scale))
-        pe = r.store(np.broadcast_to(self.params.pe(ids.shape[1]), x.shape))
-        return r.store(x + pe)
+        pe = self.params.pe(ids.shape[1])
+        if self.spec.pos_table is None:
+            pe = pe + r.sign((r.K, *pe.shape)) * pe_error(pe.shape[0], pe.shape[1], r.u_acc)
+        return r.add(x, np.broadcast_to(pe[:, None] if pe.ndim == 3 else pe, x.shape))
 
     def residual(self, x: np.ndarray, sublayer: Any, w: dict, prefix: str, norm: str) -> Any:
         """post: LN(x + F(x)); pre: x + F(LN(x)); LN's output traced as prefix.norm."""
         if self.spec.norm == "post":
-            out = self.norm(w, norm, self.r.store(x + sublayer(x)))
+            out = self.norm(w, norm, self.r.add(x, sublayer(x)))
             self.trace[f"{prefix}.{norm}"] = out
             return out
         n = self.norm(w, norm, x)
         self.trace[f"{prefix}.{norm}"] = n
-        return self.r.store(x + sublayer(n))
+        return self.r.add(x, sublayer(n))
 
     def attention(self, w: dict, prefix: str, name: str, mask: np.ndarray, kv: Any = None) -> Any:
         sub = {k[len(name) + 1 :]: v for k, v in w.items() if k.startswith(name + ".")}
@@ -287,7 +327,7 @@ class _Runs:
         y = self.final_norm(y, "dec_norm")
         logits = linear(self.r, y, self.w[self.params.out_table], None)
         if spec.logits_bias is not None:
-            logits = self.r.store(logits + self.r.weight(spec.logits_bias)[:, None, None, :])
+            logits = self.r.add(logits, self.r.weight(spec.logits_bias)[:, None, None, :])
         return logits
 
 
@@ -354,15 +394,15 @@ def label_smoothed_loss_bound(
     keep = t != pad_id
     z = fb.runs
     V = z.shape[-1]
-    s = r.store(z - z.max(-1, keepdims=True))
+    s = r.add(z, -z.max(-1, keepdims=True))
     E = r.store(np.exp(s), r.u + 2 * r.u_acc)
     total = r.accumulate(E.sum(-1, keepdims=True), V, E.sum(-1, keepdims=True))
     lse = r.store(np.log(r.store(total)), r.u + 2 * r.u_acc)
-    logp = r.store(s - lse)
+    logp = r.add(s, -lse)
     safe_t = np.broadcast_to(np.where(keep, t, 0)[None, ..., None], (*z.shape[:-1], 1))
     nll = -np.take_along_axis(logp, safe_t, -1)[..., 0]
     mean = r.store(r.accumulate(logp.sum(-1), V, np.abs(logp).sum(-1)) / V)
-    row = r.store(r.store(r.store((1 - eps) * nll) - r.store(eps * mean)))
+    row = r.add(r.store((1 - eps) * nll), -r.store(eps * mean))
     rows = row[:, keep]
     n = rows.shape[-1]
     losses = r.store(r.store(r.accumulate(rows.sum(-1), n, np.abs(rows).sum(-1))) / n)

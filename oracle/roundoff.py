@@ -6,9 +6,11 @@ implementation computing in `dtype` may round it, and returns the value with a b
 |subject - oracle| for each of its numbers: the logits, a loss, every parameter's gradient, a
 decode step's logits, whatever fn returns. The model of rounding and the statistics are
 error_bounds.py's (its module docstring argues them): each stored result moves by u|y| + eta with
-a random sign, each length-n reduction (matmul's inner products, sums, means, the scatter-add
-of an embedding's gradient) by u_acc sqrt(n) sum|t| times N(0, 1), exp, log and sqrt by u + 2
-u_acc; the bound is LAMBDA times the root mean square deviation of the runs from the value.
+a random sign, each sum or difference a + b first by u(|a| + |b|) (its operands' roundings at
+their own magnitudes: where a + b cancels, u|a + b| alone misses them), each length-n reduction
+(matmul's inner products, sums, means, the scatter-add of an embedding's gradient) by u_acc
+sqrt(n) sum|t| times N(0, 1), exp, log and sqrt by u + 2 u_acc; the bound is LAMBDA times the
+root mean square deviation of the runs from the value.
 
 How: Monte Carlo arithmetic (Parker, 1997; verificarlo and CADNA do it by compiling the
 program), done here at numpy's dispatch. The oracle's arrays are wrapped in `Noisy`, an ndarray
@@ -18,12 +20,14 @@ subclass whose `__array_ufunc__` perturbs every floating-point result and whose
 one mechanism for every value, with nothing written twice. Exact operations are left exact:
 max, min, comparisons, negation, abs, relu's maximum and the integer arithmetic of ids and
 masks. Inputs are rounded where the subject cannot hold them (a weight that is not a number of
-its dtype); the positional table is the oracle's float64 one, rounded once when it is added.
+its dtype); the positional table is the oracle's moved by as much as an honest subject's may be
+(error_bounds.pe_error, one random sign per entry), rounded as an operand of the sum it enters.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 from collections.abc import Callable, Iterator
@@ -31,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.error_bounds import LAMBDA, PRECISIONS, SAMPLES, U64, representable
+from oracle.error_bounds import LAMBDA, PRECISIONS, SAMPLES, U64, pe_error, representable
 from oracle.params import Params
 
 # ufuncs whose result is rounded once when stored
@@ -75,6 +79,7 @@ class _Arithmetic:
         self.rng = rng
         self._factors: dict[float, np.ndarray] = {}
         self._normals = np.empty(0)
+        self._signs: np.ndarray = np.empty(0)
 
     def store(self, y: np.ndarray, rel: float) -> None:
         """y (float, in place) + s (rel |y| + eta), s = +-1 per element, as y (1 + s' rel): s' = s
@@ -89,6 +94,20 @@ class _Arithmetic:
         self._factors[rel] = factors[y.size :]
         if self.eta > 1e-30:
             y += self.eta * (self.rng.integers(0, 2, size=y.shape) * 2.0 - 1.0)
+
+    def signs(self, size: int) -> np.ndarray:
+        """`size` random signs +-1 (from a block drawn ahead)."""
+        if len(self._signs) < size:
+            self._signs = self.rng.integers(0, 2, size=max(size, self.BLOCK)) * 2.0 - 1.0
+        out, self._signs = self._signs[:size], self._signs[size:]
+        return out
+
+    def operands(self, y: np.ndarray, spread: np.ndarray) -> None:
+        """y (in place) + s u spread, spread = |a| + |b| of a sum's operands (capped, so that a
+        masked -inf stays itself), one sign per element; y's non-finite values stay."""
+        error = np.minimum(np.broadcast_to(spread, y.shape), _FINITE) * self.u
+        error *= self.signs(y.size).reshape(y.shape)
+        y += np.where(np.isfinite(y), error, 0.0)
 
     def accumulate(self, y: np.ndarray, n: float, abs_sum: np.ndarray) -> None:
         """y (in place) plus a length-n reduction's error, u_acc sqrt(n) sum|t| times N(0, 1)."""
@@ -140,13 +159,26 @@ def _floating(x: Any) -> bool:
 _ROUNDING = STORED | TRANSCENDENTAL | {np.matmul}
 
 
+_SUMS = (np.add, np.subtract)
+
+
 def _rounded(
-    run: _Arithmetic, ufunc: np.ufunc, method: str, plain: list, kwargs: dict, target: Any
+    run: _Arithmetic,
+    ufunc: np.ufunc,
+    method: str,
+    plain: list,
+    kwargs: dict,
+    target: Any,
+    spread: Any = None,
 ) -> Any:
-    """The rounding of one operation's result `target` (in place where it is an array)."""
+    """The rounding of one operation's result `target` (in place where it is an array);
+    `spread`, a sum's |a| + |b| taken before it ran (an in-place sum overwrites a)."""
     if method == "__call__":
         target = _in_place(target)
-        if ufunc is np.matmul:
+        if spread is not None:
+            run.operands(target, spread)
+            run.store(target, run.u)
+        elif ufunc is np.matmul:
             A, B = plain
             run.accumulate(target, np.shape(A)[-1], np.abs(A) @ np.abs(B))
             run.store(target, run.u)
@@ -182,15 +214,18 @@ class Noisy(np.ndarray):
         if out is not None:
             kwargs["out"] = tuple(o.view(np.ndarray) if isinstance(o, Noisy) else o for o in out)
         plain = [x.view(np.ndarray) if isinstance(x, Noisy) else x for x in inputs]
-        result = getattr(ufunc, method)(*plain, **kwargs)
         run = _ACTIVE.run
+        spread = None
+        if run is not None and method == "__call__" and ufunc in _SUMS and len(plain) == 2:
+            spread = np.abs(plain[0]) + np.abs(plain[1])
+        result = getattr(ufunc, method)(*plain, **kwargs)
         if run is not None and (method != "__call__" or ufunc in _ROUNDING):
             if method == "at":
                 target = plain[0]
             else:
                 target = kwargs["out"][0] if out is not None else result
             if _floating(target):
-                target = _rounded(run, ufunc, method, plain, kwargs, target)
+                target = _rounded(run, ufunc, method, plain, kwargs, target, spread)
                 if out is None and method != "at":
                     result = target
         if isinstance(result, np.ndarray):
@@ -224,7 +259,13 @@ def _noisy_input(x: Any, dtype: str, rng: np.random.Generator) -> Any:
     anything else (ids, masks, numbers) as it is."""
     if isinstance(x, Params):
         arrays = {name: _noisy_input(w, dtype, rng) for name, w in x.arrays.items()}
-        return Params(x.spec, arrays, x.scheme)
+        spec = x.spec
+        if spec.pos_table is None:  # the sinusoid as an honest subject computes it
+            pe = x.pe(spec.max_len)
+            size = pe_error(pe.shape[0], pe.shape[1], PRECISIONS[dtype].u_acc + U64)
+            sign = rng.integers(0, 2, size=pe.shape) * 2.0 - 1.0
+            spec = dataclasses.replace(spec, pos_table=pe + sign * size)
+        return Params(spec, arrays, x.scheme)
     if isinstance(x, np.ndarray) and x.dtype.kind == "f":
         w = np.asarray(x, dtype=np.float64)
         p = PRECISIONS[dtype]
