@@ -215,7 +215,12 @@ class Runner:
 
 
 def run_suite_on(
-    source: str, tests_dir: Path, module_name: str, time_limit: float, memory_mb: int = 2048
+    source: str,
+    tests_dir: Path,
+    module_name: str,
+    time_limit: float,
+    memory_mb: int = 2048,
+    stop: frozenset[str] = frozenset(),
 ) -> scoring.SubjectRun:
     """The suite on one subject's source, as mutation_score.run_on runs it (a private copy of
     the suite and the subject, the same probe, restarting after a test that hangs or crashes),
@@ -230,7 +235,7 @@ def run_suite_on(
             confinement(stage, memory_mb),
             scoring.COLLECT_TIMEOUT,
         )
-        scoring.suite_in(launch, stage, module_name, time_limit, out)
+        scoring.suite_in(launch, stage, module_name, time_limit, out, stop)
     out.seconds = time.monotonic() - start
     return out
 
@@ -241,15 +246,18 @@ def suite_check(
     time_limit: float = scoring.TEST_TIMEOUT,
     jobs: int | None = None,
     progress: Callable[[str, scoring.SubjectRun], None] | None = None,
+    generated: int = scoring.GENERATED,
+    seed: int | None = None,
 ) -> Score:
     """The suite's mutation score, as mutation_score.mutation_score gives it: the same subjects
-    (impl, the torch copy, s01-s11), rewritten afresh and run in a secret order, the correct ones
-    first, scored by the same rules; each subject in plain subprocesses."""
+    (impl, the torch copy, s01-s11 and the generated sample), rewritten afresh and run in a
+    secret order, the correct ones first, scored by the same rules; each subject in plain
+    subprocesses."""
     tests_dir = Path(tests_dir).resolve()
     if not tests_dir.is_dir():
         raise FileNotFoundError(f"--suite must be a folder of pytest files, got {tests_dir}")
     started = time.monotonic()
-    subs = scoring.subjects()
+    subs = scoring.subjects() + scoring.generated_subjects(generated, seed)
     secret = random.Random(secrets.randbits(64))
     sources = {s.name: scoring.subject_source(s, secret) for s in subs}
     correct = [s for s in subs if s.is_correct]
@@ -257,11 +265,14 @@ def suite_check(
     lock = threading.Lock()
     executor = work.LocalExecutor(jobs)
     runs: dict[str, scoring.SubjectRun] = {}
+    stops: dict[str, frozenset[str]] = {}  # a generated mutant's first-kill tests
     for wave in (secret.sample(correct, len(correct)), secret.sample(mutants, len(mutants))):
 
         def one(s: Subject) -> work.Unit[scoring.SubjectRun]:
+            stop = stops.get(s.name, frozenset())
+
             def run() -> scoring.SubjectRun:
-                return run_suite_on(sources[s.name], tests_dir, module_name, time_limit)
+                return run_suite_on(sources[s.name], tests_dir, module_name, time_limit, stop=stop)
 
             def local_only(payload: Any) -> Any:
                 raise RuntimeError("a self-check runs on this machine only")
@@ -279,6 +290,9 @@ def suite_check(
         impl = runs["impl"]
         if not impl.collected or (impl.error and not impl.cells):
             raise scoring.SuiteBroken(impl.error or "pytest collected no test on impl")
+        if not stops:
+            honest = scoring.first_kill_tests(runs, correct)
+            stops.update({s.name: honest for s in mutants if scoring.is_generated(s)})
     return scoring._score(subs, runs, module_name, time_limit, time.monotonic() - started)
 
 
@@ -321,6 +335,13 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--suite-json", metavar="FILE", help="the suite's score as JSON")
     parser.add_argument(
         "--jobs", type=positive(int), default=None, help="subjects at once for --suite (CPUs)"
+    )
+    parser.add_argument(
+        "--generated",
+        type=int,
+        default=scoring.GENERATED,
+        metavar="N",
+        help=f"--suite: generated mutants drawn ({scoring.GENERATED}; 0: none)",
     )
 
 
@@ -371,7 +392,7 @@ def _run_suite(args: argparse.Namespace) -> int:
         )
     time_limit = args.time_limit or scoring.TEST_TIMEOUT
     try:
-        s = suite_check(args.suite, args.module, time_limit, args.jobs, progress)
+        s = suite_check(args.suite, args.module, time_limit, args.jobs, progress, args.generated)
     except (FileNotFoundError, UnsafeInput) as e:
         return usage_error("check", str(e))
     except scoring.SuiteBroken as e:

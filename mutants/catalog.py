@@ -281,8 +281,13 @@ REQUIRED = tuple(m.id for m in MUTANTS if m.required)  # s01 .. s08
 
 
 def get(mutant_id: str) -> Mutant:
-    """The mutant with this id; a KeyError lists the known ids."""
-    try:
+    """The mutant with this id, a published one or a generated one of the committed catalog
+    (mutants.generated_catalog); a KeyError lists the published ids."""
+    if mutant_id in _BY_ID:
         return _BY_ID[mutant_id]
-    except KeyError:
-        raise KeyError(f"no mutant {mutant_id!r}; known: {sorted(_BY_ID)}") from None
+    from mutants import generated_catalog
+
+    generated = generated_catalog.by_id()
+    if mutant_id in generated:
+        return generated[mutant_id]
+    raise KeyError(f"no mutant {mutant_id!r}; known: {sorted(_BY_ID)} and the generated ones")

@@ -35,6 +35,8 @@ class Mutant:
     target: str = "impl.transformer"  # the module whose source is patched
     # a student's suite must kill it to pass `xfmr mutation-score` (the seed's rung R5: s01-s08)
     required: bool = False
+    # the contract clause a generated mutant breaks (mutants.generated_catalog.CLAUSES' key)
+    clause: str = ""
 
     def apply(self, source: str) -> str:
         """The mutated source; a PatchError names this mutant and the text that failed."""

@@ -13,6 +13,14 @@ suite can guess is ever read back as a result file.
 A test that fails on a correct subject is a false alarm and kills nothing. A suite that fails
 every test on impl is invalid and scores 0. Score = killed / the number of pitfall mutants; pass =
 every mutant whose record is marked `required` killed and score >= 0.80 (the seed's rung R5).
+
+Besides the published mutants, every run draws a secret sample of `--generated N` mutants from
+the committed catalog of generated ones (mutants.generated_catalog: faults the shared laws kill),
+stratified by contract clause, from the run's secret (XFMR_DRAW_SEED reproduces it), named g01..
+in the run, disguised and sandboxed exactly as the others under the same limits. They decide no
+pass: the report adds how many the suite killed, with an interval, and per clause what it missed.
+A generated mutant's run stops at its first kill by a test that no correct subject failed (its
+verdict is then decided; the tests after it are not applicable), which keeps the sample cheap.
 """
 
 from __future__ import annotations
@@ -49,9 +57,10 @@ from harness.outcomes import Outcome, mutant_outcome
 from harness.records import Cell, SubjectRun, SuiteRun
 from harness.reports import score as score_report
 from harness.reports.writer import report_path_problem, write_all
+from harness.shared_tests.inputs import draw_seed
 from harness.shared_tests.record import Test
 from harness.subjects import Kind, Subject
-from mutants import catalog
+from mutants import catalog, generated_catalog
 
 MODULE = "tinyllm.xfmr.transformer"  # the seed's module path for the subject
 # Importing pytest, Hypothesis, the subject and the suite: a few seconds on a loaded machine.
@@ -59,6 +68,10 @@ COLLECT_TIMEOUT = 60.0
 # Default per-test limit: a student's test of a tiny model takes well under a second; 30 s
 # leaves room for Hypothesis's 100 examples on a loaded machine.
 TEST_TIMEOUT = 30.0
+
+# Generated mutants per run by default: each is one more sandboxed subject. 12 keeps a run of
+# examples/student_tests_strong within 2x the published mutants' time (measured: README).
+GENERATED = 12
 
 _OUTCOMES = {
     "passed": Outcome.PASSED,
@@ -76,6 +89,37 @@ def subjects() -> list[Subject]:
     ]
 
 
+def generated_subjects(n: int, seed: int | None = None) -> list[Subject]:
+    """The run's sample of n generated mutants (mutants.generated_catalog.draw, stratified by
+    clause) as subjects g01, g02, ...; the seed defaults to one drawn from the run's secret."""
+    if n <= 0:
+        return []
+    seed = draw_seed("mutation-score", "generated sample") if seed is None else seed
+    drawn = generated_catalog.draw(n, seed)
+    return [
+        Subject(f"g{i:02d}", Kind.MUTANT, module="impl.transformer", mutant=m.id)
+        for i, m in enumerate(drawn, 1)
+    ]
+
+
+def is_generated(subject: Subject) -> bool:
+    return subject.mutant is not None and subject.mutant not in catalog.PITFALLS
+
+
+def first_kill_tests(runs: dict[str, SubjectRun], correct: list[Subject]) -> frozenset[str]:
+    """The tests whose failure decides a mutant killed: collected on impl and no false alarm on
+    any correct subject (a generated mutant's run stops at the first of them that fails)."""
+    tests = runs["impl"].collected
+    return frozenset(
+        t
+        for t in tests
+        if all(
+            t in runs[c.name].cells and not runs[c.name].cells[t].outcome.false_alarm
+            for c in correct
+        )
+    )
+
+
 def subject_source(subject: Subject, rng: random.Random) -> str:
     """The subject's source, patched for a mutant, disguised under draws from `rng`."""
     return disguise(subject.payload()["source"], rng)
@@ -88,9 +132,11 @@ def run_on(
     limits: Limits,
     time_limit: float,
     unsafe: bool = False,
+    stop: frozenset[str] = frozenset(),
 ) -> SubjectRun:
-    """The suite on one subject's source, restarting after a test that hangs or crashes. The
-    subject and a copy of the suite are staged privately for this subject alone."""
+    """The suite on one subject's source, restarting after a test that hangs or crashes (and
+    stopping at the first test of `stop` that kills it). The subject and a copy of the suite are
+    staged privately for this subject alone."""
     start = time.monotonic()
     out = SubjectRun()
     with staged({"tests": tests_dir}, {"subject.py": source}) as stage:
@@ -102,19 +148,25 @@ def run_on(
             limits.confine(),
             COLLECT_TIMEOUT,
         )
-        suite_in(launch, inside, module_name, time_limit, out)
+        suite_in(launch, inside, module_name, time_limit, out, stop)
     out.seconds = time.monotonic() - start
     return out
 
 
 def suite_in(
-    launch: Launch, inside: Path, module_name: str, time_limit: float, out: SubjectRun
+    launch: Launch,
+    inside: Path,
+    module_name: str,
+    time_limit: float,
+    out: SubjectRun,
+    stop: frozenset[str] = frozenset(),
 ) -> None:
     """Run the staged suite (at `inside`/tests) on the subject `launch` loads, into `out`: a
-    fresh worker after each test that hangs or crashes, the tests already judged skipped."""
+    fresh worker after each test that hangs or crashes, the tests already judged skipped; done
+    at the first test of `stop` whose cell detects the subject (killed or timeout)."""
     while True:
         out.workers += 1
-        events = _Events(out, time_limit)
+        events = _Events(out, time_limit, stop)
         begun = time.monotonic()
         try:
             worker = launch.worker()
@@ -136,11 +188,15 @@ def suite_in(
                 said = printable(worker.output_tail(3000))
                 out.error = f"pytest exited with status {code} and ran no test:\n{said}"
             break
+        except _FirstKill:
+            break
         except WorkerTimeout:
             if events.current is None:
                 out.error = f"no test started within {COLLECT_TIMEOUT:g} s (collecting)"
                 break
             out.cells[events.current] = Cell(Outcome.TIMEOUT, f"no result within {time_limit:g} s")
+            if events.current in stop:
+                break
         except (WorkerDied, SubjectRaised) as e:
             if events.current is None:
                 out.error = str(e)
@@ -153,11 +209,15 @@ def suite_in(
             worker.close()
 
 
+class _FirstKill(Exception):
+    """A test of the stop set killed the subject: its verdict is decided, the run ends here."""
+
+
 class _Events:
     """The suite's streamed events on one worker: results, the test in progress, its deadline."""
 
-    def __init__(self, out: SubjectRun, time_limit: float) -> None:
-        self.out, self.time_limit = out, time_limit
+    def __init__(self, out: SubjectRun, time_limit: float, stop: frozenset[str]) -> None:
+        self.out, self.time_limit, self.stop = out, time_limit, stop
         self.current: str | None = None
         self.deadline = time.monotonic() + COLLECT_TIMEOUT
 
@@ -180,6 +240,8 @@ class _Events:
             self.out.cells[printable(event["nodeid"])] = cell
             self.current = None
             self.deadline = time.monotonic() + self.time_limit
+            if outcome.detected and printable(event["nodeid"]) in self.stop:
+                raise _FirstKill
 
 
 def mutation_score(
@@ -192,15 +254,20 @@ def mutation_score(
     unsafe: bool = False,
     executor: work.Executor | None = None,
     store: Store | None = None,
+    generated: int = GENERATED,
+    seed: int | None = None,
+    sample: list[Subject] | None = None,
 ) -> Score:
     """Run the suite on every subject, each subject's run a unit of `executor` (default: up to
     `jobs` at once here), and score it. With a `store`, a subject's run whose key it holds is
-    taken from it (harness.engine.cache.suite_run_key), and each clean run is stored."""
+    taken from it (harness.engine.cache.suite_run_key), and each clean run is stored.
+    `generated` mutants of the catalog are drawn as generated_subjects(generated, seed) draws
+    (`sample`: these generated subjects instead, for a measurement over several draws)."""
     tests_dir = Path(tests_dir).resolve()
     if not tests_dir.is_dir():
         raise FileNotFoundError(f"TESTS must be a folder of pytest files, got {tests_dir}")
     started = time.monotonic()
-    subs = subjects()
+    subs = subjects() + (generated_subjects(generated, seed) if sample is None else sample)
     secret = random.Random(secrets.randbits(64))  # this run's order and rewrites, never shown
     sources = {s.name: subject_source(s, secret) for s in subs}
     correct = [s for s in subs if s.is_correct]
@@ -208,8 +275,11 @@ def mutation_score(
     lock = threading.Lock()
     ex = executor or work.LocalExecutor(jobs)
     shipped: dict[str, Any] = {}  # the suite as plain data, packed once if a unit is shipped
+    stops: dict[str, frozenset[str]] = {}  # a generated mutant's first-kill tests
 
     def unit(s: Subject) -> work.Unit[SubjectRun]:
+        stop = stops.get(s.name, frozenset())
+
         def payload() -> dict[str, Any]:
             if not shipped:
                 with staged({"tests": tests_dir}):  # refused here as a local run refuses it
@@ -221,11 +291,14 @@ def mutation_score(
                 "limits": asdict(limits),
                 "time_limit": time_limit,
                 "unsafe": unsafe,
+                "stop": sorted(stop),
             }
 
         return work.Unit(
             s.name,
-            lambda: run_on(sources[s.name], tests_dir, module_name, limits, time_limit, unsafe),
+            lambda: run_on(
+                sources[s.name], tests_dir, module_name, limits, time_limit, unsafe, stop
+            ),
             run_shipped,
             payload,
             SubjectRun.from_json,
@@ -240,7 +313,10 @@ def mutation_score(
             suite = work.pack(tests_dir)
         settings = {"module": module_name, "limits": asdict(limits), "time_limit": time_limit}
         for s in subs:
-            keys[s.name] = suite_run_key(s.payload(), suite, settings | {"unsafe": unsafe})
+            first_kill = {"first_kill": True} if is_generated(s) else {}
+            keys[s.name] = suite_run_key(
+                s.payload(), suite, settings | {"unsafe": unsafe} | first_kill
+            )
             if (value := store.get(keys[s.name])) is not None:
                 kept[s.name] = SubjectRun.from_json(value)
     runs: dict[str, SubjectRun] = {}
@@ -264,6 +340,9 @@ def mutation_score(
         impl = runs["impl"]
         if not impl.collected or (impl.error and not impl.cells):
             raise SuiteBroken(impl.error or "pytest collected no test on impl")
+        if not stops:
+            honest = first_kill_tests(runs, correct)
+            stops.update({s.name: honest for s in mutants if is_generated(s)})
     score = _score(subs, runs, module_name, time_limit, time.monotonic() - started)
     if store is not None:
         score.reuse = f"incremental: {len(kept)} of {len(subs)} subjects' runs reused"
@@ -284,6 +363,7 @@ def run_shipped(payload: dict[str, Any]) -> dict[str, Any]:
             Limits(**payload["limits"]),
             payload["time_limit"],
             payload["unsafe"],
+            frozenset(payload.get("stop", ())),
         )
     return SubjectRun.to_json(r)
 
@@ -306,9 +386,12 @@ def _score(
         run.subject_seconds[s.name] = r.seconds
         run.worker_starts[s.name] = r.workers
         run.start_seconds[s.name] = r.start_seconds
+        decided = is_generated(s) and any(c.outcome.detected for c in r.cells.values())
         for t in tests:
             if t in r.cells:
                 run.cells[(t, s.name)] = r.cells[t]
+            elif decided:  # a generated mutant's run stops at its first kill
+                run.cells[(t, s.name)] = Cell(Outcome.NOT_APPLICABLE, "not run: already killed")
             elif r.error:  # the suite did not even load on this subject: every test fails
                 run.cells[(t, s.name)] = Cell(Outcome.KILLED, f"the suite did not run: {r.error}")
             else:
@@ -344,6 +427,20 @@ def configure_mutation_score(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--module", default=MODULE, help=f"the subject's module path ({MODULE})")
     parser.add_argument("--json", metavar="FILE", help="the score as JSON")
     parser.add_argument("--stryker", metavar="FILE", help="mutation-testing-report-schema JSON")
+    parser.add_argument("--gradescope", metavar="FILE", help="Gradescope's results.json")
+    parser.add_argument(
+        "--generated",
+        type=int,
+        default=GENERATED,
+        metavar="N",
+        help=f"generated mutants drawn per run, stratified by clause ({GENERATED}; 0: none)",
+    )
+    parser.add_argument(
+        "--generated-visibility",
+        choices=score_report.VISIBILITIES,
+        default="visible",
+        help="Gradescope: who sees the generated sample's result (the course's policy)",
+    )
     parser.add_argument(
         "--time-limit",
         type=positive(float),
@@ -420,7 +517,9 @@ def run_mutation_score(args: argparse.Namespace) -> int:
     def progress(name: str, r: SubjectRun) -> None:
         print(f"  {name:<11} {len(r.cells)} tests, {r.seconds:5.1f} s", file=sys.stderr)
 
-    for path in [p for p in (args.json, args.stryker) if p]:
+    if args.generated < 0:
+        return usage_error("mutation-score", "--generated must be 0 or more")
+    for path in [p for p in (args.json, args.stryker, args.gradescope) if p]:
         if problem := report_path_problem(path):
             return usage_error("mutation-score", f"cannot write a report: {problem}")
     # here or on a LocalCluster the workers are this install's; a remote cluster's are not
@@ -442,6 +541,7 @@ def run_mutation_score(args: argparse.Namespace) -> int:
                 args.unsafe_no_sandbox,
                 executor,
                 Store(args.cache_dir or default_root()) if args.incremental else None,
+                args.generated,
             )
         finally:
             executor.close()
@@ -457,6 +557,10 @@ def run_mutation_score(args: argparse.Namespace) -> int:
         [
             (args.json, lambda: score_report.to_json(s)),
             (args.stryker, lambda: score_report.stryker(s, args.tests)),
+            (
+                args.gradescope,
+                lambda: score_report.gradescope(s, args.generated_visibility),
+            ),
         ],
     )
     return 2 if not written else 0 if s.passed else 1

@@ -1,16 +1,107 @@
-"""A student suite's mutation score, rendered: the text students read, the JSON report and
+"""A student suite's mutation score, rendered: the text students read, the JSON report,
 Stryker's mutation-testing report (the matrix's, harness.reports.matrix, with the student's own
-tests as testFiles). The score itself is harness.analysis.Score."""
+tests as testFiles) and Gradescope's results.json. The score itself is harness.analysis.Score.
+
+The generated sample (harness.jobs.mutation_score: subjects g01.. whose mutant is a record of
+mutants.generated_catalog) is read off the run's subjects: k of N killed, a 90% Wilson score
+interval for the rate at which the suite kills a mutant drawn as the sample draws them, and per
+contract clause what the suite missed. It never decides the pass.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.analysis import PASS_SCORE, REQUIRED, Score
 from harness.outcomes import Outcome
 from harness.reports import matrix as reports
-from mutants import catalog
+from mutants import catalog, generated_catalog
+
+Z90 = 1.6448536269514722  # the standard normal's 95th percentile: a two-sided 90% interval
+VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's
+
+
+def wilson(k: int, n: int, z: float = Z90) -> tuple[float, float]:
+    """The Wilson score interval for k successes of n (0-1 when n is 0): unlike k/n +- z se, it
+    stays inside [0, 1] and is not empty at k = 0 or k = n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = k / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class Generated:
+    """The generated sample's result: subjects by name, their mutant records, what was killed."""
+
+    mutants: dict[str, catalog.Mutant] = field(default_factory=dict)  # g01 -> its record
+    killed: list[str] = field(default_factory=list)
+    invalid: bool = False
+
+    @property
+    def n(self) -> int:
+        return len(self.mutants)
+
+    @property
+    def k(self) -> int:
+        return 0 if self.invalid else len(self.killed)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        return wilson(self.k, self.n)
+
+    def per_clause(self) -> dict[str, tuple[int, int]]:
+        """clause -> (killed, drawn), in CLAUSES' order."""
+        out: dict[str, tuple[int, int]] = {}
+        for c in generated_catalog.CLAUSES:
+            names = [g for g, m in self.mutants.items() if m.clause == c]
+            if names:
+                hit = 0 if self.invalid else sum(g in self.killed for g in names)
+                out[c] = (hit, len(names))
+        return out
+
+    def never_tested(self) -> list[str]:
+        """The clauses none of whose drawn mutants the suite killed."""
+        return [c for c, (hit, _) in self.per_clause().items() if hit == 0]
+
+    def line(self) -> str:
+        lo, hi = self.interval
+        return f"generated: {self.k} of {self.n} killed, 90% interval {lo:.2f}-{hi:.2f} (Wilson)"
+
+
+def generated(s: Score) -> Generated:
+    """The run's generated sample, read off its subjects."""
+    g = Generated(invalid=bool(s.invalid))
+    for sub in s.run.subjects:
+        if sub.mutant is not None and sub.mutant not in catalog.PITFALLS:
+            g.mutants[sub.name] = catalog.get(sub.mutant)
+            if s.summary.status[sub.name].detected:
+                g.killed.append(sub.name)
+    return g
+
+
+def generated_text(g: Generated) -> list[str]:
+    """The sample's lines: the figure, then per clause what the suite missed (clauses only,
+    never a mutant's text)."""
+    if not g.n:
+        return ["generated: none drawn (--generated 0)"]
+    lines = [
+        f"Generated mutants: a secret sample of {g.n} of the {len(generated_catalog.load())} "
+        "generated faults of impl, stratified by contract clause (not part of the pass):",
+        f"  {g.line()}",
+    ]
+    missed = {c: v for c, v in g.per_clause().items() if v[0] < v[1]}
+    if missed:
+        lines.append("  missed, per contract clause (survived of drawn):")
+        for c, (hit, drawn) in missed.items():
+            never = "  NEVER TESTED" if hit == 0 else ""
+            lines.append(f"    {drawn - hit} of {drawn}  {generated_catalog.CLAUSES[c]}{never}")
+    return lines
 
 
 def text(s: Score, tests_dir: str) -> str:
@@ -43,6 +134,7 @@ def text(s: Score, tests_dir: str) -> str:
     if s.invalid:
         lines += ["", f"INVALID: {s.invalid}"]
     missing = [m for m in REQUIRED if m not in s.killed]
+    lines += ["", *generated_text(generated(s))]
     lines += [
         "",
         f"Score: {len(s.killed) if not s.invalid else 0}/{len(catalog.PITFALLS)} = {s.score:.2f} "
@@ -91,6 +183,7 @@ def to_json(s: Score) -> dict[str, Any]:
             }
             for m in catalog.PITFALLS
         },
+        "generated": generated_json(generated(s)),
         "false_alarms": s.false_alarms,
         "errors": s.errors,
         "cells": reports.frame(s.run).to_dict(orient="records"),
@@ -100,6 +193,79 @@ def to_json(s: Score) -> dict[str, Any]:
             "worker_starts": s.run.worker_starts,
             "start_seconds": s.run.start_seconds,
         },
+    }
+
+
+def generated_json(g: Generated) -> dict[str, Any]:
+    lo, hi = g.interval
+    return {
+        "drawn": g.n,
+        "killed": g.k,
+        "rate": g.k / g.n if g.n else None,
+        "interval_90": [lo, hi],
+        "interval_method": "Wilson score",
+        "catalog_size": len(generated_catalog.load()),
+        "per_clause": {
+            c: {"statement": generated_catalog.CLAUSES[c], "drawn": drawn, "killed": hit}
+            for c, (hit, drawn) in g.per_clause().items()
+        },
+        "never_tested": g.never_tested(),
+        "mutants": {
+            name: {
+                "id": m.id,
+                "clause": m.clause,
+                "operator": m.mutator,
+                "status": "killed" if name in g.killed and not g.invalid else "survived",
+            }
+            for name, m in g.mutants.items()
+        },
+    }
+
+
+def gradescope(s: Score, generated_visibility: str = "visible") -> dict[str, Any]:
+    """results.json of a mutation score: one test a published pitfall (a point each, killed or
+    not; the required ones say so), and the generated sample as a test of 0 points whose
+    visibility is the course's policy; a survivor is named by its clause, never its text."""
+    tests = []
+    for m in catalog.PITFALLS:
+        killed = m in s.killed
+        tests.append(
+            {
+                "name": f"{m}{' (required)' if m in REQUIRED else ''}: {catalog.get(m).pitfall}",
+                "score": 1.0 if killed else 0.0,
+                "max_score": 1.0,
+                "status": "passed" if killed else "failed",
+                "output": "killed" if killed else "survived: no test of yours failed on it",
+                "output_format": "text",
+                "visibility": "visible",
+            }
+        )
+    g = generated(s)
+    if g.n:
+        tests.append(
+            {
+                "name": "Generated mutants (a secret sample; 0 points)",
+                "score": 0.0,
+                "max_score": 0.0,
+                "status": "passed" if g.k == g.n else "failed",
+                "output": "\n".join(generated_text(g)),
+                "output_format": "text",
+                "visibility": generated_visibility,
+            }
+        )
+    verdict = "PASS" if s.passed else "FAIL"
+    summary = (
+        f"Mutation score {s.score:.2f} ({len(s.killed)}/{len(catalog.PITFALLS)}): {verdict}"
+        + (f"; INVALID: {s.invalid}" if s.invalid else "")
+    )
+    return {
+        "score": float(len(s.killed)) if not s.invalid else 0.0,
+        "execution_time": round(s.run.wall_seconds, 2),
+        "output": summary,
+        "output_format": "text",
+        "visibility": "visible",
+        "stdout_visibility": "hidden",
+        "tests": tests,
     }
 
 
