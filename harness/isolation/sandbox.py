@@ -88,14 +88,6 @@ class SandboxUnavailable(RuntimeError):
     """The sandbox cannot be set up on this machine; nothing untrusted may run."""
 
 
-# What a worker's cgroup may hold, all memory of the worker's together. Measured: a worker
-# grading examples/correct_submission.py peaks at 232 MiB in its cgroup (the learning test's
-# worker; the other tests' 222 MiB), and a correct worker may also fill its /tmp (tmp_mb) and
-# /dev/shm (shm_mb): 232 + 256 + 64 = 552 MiB. 1 GiB is 1.85x that (4.4x the measured peak),
-# and is what one worker can take from the host whatever kind of memory it fills.
-RAM_MB = 1024
-
-
 @dataclass(frozen=True)
 class Limits:
     """What one worker may use. Wall time is per test and lives on the tests."""
@@ -113,18 +105,19 @@ class Limits:
     # cgroup holds its tasks (threads included) to the same figure.
     processes: int = 256
     # Memory of every kind the worker's cgroup may hold (harness.isolation.cgroups): resident
-    # pages, tmpfs (/tmp, /dev/shm), memfd and SysV shared memory, page cache it reads in. RAM_MB.
-    # 0: RAM_MB, or memory_mb where the address space was raised past its default (every
-    # page of it may be resident).
+    # pages, tmpfs (/tmp, /dev/shm), memfd and SysV shared memory, page cache it reads in.
+    # 0: memory_mb + tmp_mb + shm_mb, what the other limits already let a worker fill: the
+    # cgroup adds no bound on what they count (an address-space bomb still ends in a clean
+    # MemoryError: measured, a 1 GiB cgroup turned hostile_memory's into page-cache thrashing
+    # and a timeout) and closes the kinds none of them counts. A worker grading
+    # examples/correct_submission.py peaks at 232 MiB in its cgroup (measured; 2368 MiB is 10x).
     ram_mb: int = 0
     # /dev/shm, a size-limited tmpfs of its own (Python's semaphores live there; kilobytes).
     shm_mb: int = 64
 
     def __post_init__(self) -> None:
         if self.ram_mb == 0:
-            object.__setattr__(
-                self, "ram_mb", max(RAM_MB, self.memory_mb) if self.memory_mb > 2048 else RAM_MB
-            )
+            object.__setattr__(self, "ram_mb", self.memory_mb + self.tmp_mb + self.shm_mb)
         for name in ("memory_mb", "file_mb", "tmp_mb", "processes", "ram_mb", "shm_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
