@@ -25,6 +25,11 @@ from oracle.model import embed
 # over the few operations of a table or a norm, stays far below 1e-5, and every fault of the
 # model itself (a wrong constant, a missing term) moves values by 1e-3 or more.
 FLOAT32_LEVEL = 1e-5
+# An error below this (relative to its scale) is float64 rounding, never float32's: 2^-33 is
+# 2^20 float64 units (2^-53) where a few operations, cancellation included, give tens, and a
+# 256th of one float32 rounding (2^-25 of the largest entries of a table or a norm's output,
+# which a float32 table or factor moves by that much). A cause names float32 only above it.
+FLOAT64_LEVEL = 2.0**-33
 
 
 @dataclass(frozen=True)

@@ -63,13 +63,22 @@ def check_dtype(dtype: Any) -> None:
         )
 
 
-def derived(fn: Any, *args: Any, dtype: str, rows: bool = False) -> tuple[Any, Any]:
+def derived(
+    fn: Any, *args: Any, dtype: str, rows: bool = False, chosen: bool = False
+) -> tuple[Any, Any]:
     """(value, bound): the oracle's fn(*args) and, for each of its numbers, the bound on
     |subject - oracle| of a subject that computes it in `dtype` (oracle.bounded; rows=True where
     fn's rows are independent, a forward pass: the runs then go through as one); computed once
     per function, dtype and inputs, so every subject of a run that got the same weights shares
-    it. A dtype with no error model is a failure to judge, said as such."""
-    check_dtype(dtype)
+    it. `dtype` is what the subject reports (check_dtype: the run's rule), or with chosen=True
+    the parent's own choice for this test (the dtype of the inputs it gave: the hand examples'
+    float64 numbers), which no run rule overrules. A dtype with no error model is a failure to
+    judge, said as such."""
+    if chosen:
+        if dtype not in PRECISIONS:
+            raise ValueError(f"dtype must be one of {tuple(PRECISIONS)}, got {dtype!r}")
+    else:
+        check_dtype(dtype)
     h = hashlib.sha256()
     _digest(args, h)
     key = (fn.__module__, fn.__qualname__, dtype, rows, h.digest())

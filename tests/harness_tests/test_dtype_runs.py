@@ -89,3 +89,30 @@ def test_the_dtype_a_subject_reports_cannot_widen_its_bounds():
             check_dtype("float64")
     finally:
         set_run_dtype(None)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_the_hand_examples_judge_in_the_dtype_of_their_given_inputs(dtype):
+    # the parent gives the hand example float64 numbers in every run: its float64 bound is the
+    # run's own choice for that test, not a dtype the subject claims (issue 35: 0/5 in float32)
+    import oracle
+    from harness.shared_tests.record import Failure
+    from harness.shared_tests.verdicts import derived
+
+    logits, targets = np.array([[1.0, 0.0, 0.0]]), np.array([0])
+    set_run_dtype(dtype)
+    try:
+        (loss, _), (bound, _) = derived(
+            oracle.label_smoothed_loss, logits, targets, 0.1, 2, dtype="float64", chosen=True
+        )
+        assert 0 < bound < 1e-13 and abs(loss - 0.618111) < 5e-7
+        with pytest.raises(Failure, match="this run judges"):  # reported, it is still refused
+            derived(oracle.label_smoothed_loss, logits, targets, 0.1, 2, dtype="float64")
+        with pytest.raises(ValueError):
+            derived(oracle.label_smoothed_loss, logits, targets, 0.1, 2, dtype="int8", chosen=True)
+        subjects = [Subject("impl", Kind.CORRECT, module="impl.transformer")]
+        law = BY_NAME["test_hand_example_label_smoothing"]
+        cell = run_suite([law], subjects, jobs=1).cell(law.name, "impl")
+        assert cell.outcome is Outcome.PASSED, cell.message
+    finally:
+        set_run_dtype(None)
