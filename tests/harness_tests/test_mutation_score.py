@@ -57,8 +57,11 @@ def test_stryker_report_names_the_students_tests(strong, stryker_schema):
     errors = sorted(stryker_schema.iter_errors(report), key=str)
     assert not errors, [f"{list(e.path)}: {e.message}" for e in errors]
     (source,) = report["files"].values()
-    assert {m["id"] for m in source["mutants"]} == set(catalog.PITFALLS)
-    assert all(m["status"] == "Killed" for m in source["mutants"])
+    generated = {m["id"]: m for m in source["mutants"] if m["id"] not in catalog.PITFALLS}
+    assert {m["id"] for m in source["mutants"]} - set(generated) == set(catalog.PITFALLS)
+    assert len(generated) == data["generated"]["drawn"] == ms.GENERATED
+    assert all(m["mutatorName"] == catalog.get(i).mutator for i, m in generated.items())
+    assert all(m["status"] == "Killed" for m in source["mutants"] if m["id"] in catalog.PITFALLS)
     [(path, tests)] = report["testFiles"].items()
     assert {t["id"] for t in tests["tests"]} == set(data["tests"])
     assert path == "student_tests_strong/test_transformer.py"  # relative, as the viewer shows it
@@ -114,3 +117,92 @@ def test_a_broken_suite_stops_after_the_correct_subjects_with_pytests_message(
     assert status == 2 and "no mutant was run" in err and words in err, err
     assert not (tmp_path / "s.json").exists()
     assert "s01" not in err  # no mutant's run reported
+
+
+# --- the generated sample ------------------------------------------------------------------------
+
+
+def generated_runs(killed_generated: set[str]):
+    """Fake runs: t_pit kills every published mutant; t_gen kills the named generated ones."""
+    P, K = Outcome.PASSED, Outcome.KILLED
+    subs = ms.subjects() + ms.generated_subjects(6, seed=3)
+    runs = {s.name: run({"t_pit": P, "t_gen": P}) for s in subs}
+    for m in catalog.PITFALLS:
+        runs[m] = run({"t_pit": K, "t_gen": P})
+    for name in killed_generated:
+        runs[name] = run({"t_pit": P, "t_gen": K})
+    return subs, runs
+
+
+def test_the_generated_sample_is_reported_by_clause_and_never_decides_the_pass():
+    from harness.reports import score as report
+
+    subs, runs = generated_runs({"g01", "g02"})
+    s = ms._score(subs, runs, ms.MODULE, 1.0, 0.0)
+    assert s.passed and s.score == 1.0  # the seed's pass, whatever the sample says
+    g = report.generated(s)
+    assert (g.k, g.n) == (2, 6) and g.killed == ["g01", "g02"]
+    lo, hi = g.interval
+    assert lo < 2 / 6 < hi and (round(lo, 3), round(hi, 3)) == (0.117, 0.653)  # Wilson, by hand
+    data = report.to_json(s)["generated"]
+    assert data["killed"] == 2 and data["interval_method"] == "Wilson score"
+    clauses = {m.clause for m in g.mutants.values()}
+    assert set(data["per_clause"]) == clauses and len(clauses) == 6  # one of each clause drawn
+    text = report.text(s, "suite")
+    assert "generated: 2 of 6 killed, 90% interval 0.12-0.65 (Wilson)" in text
+    assert "NEVER TESTED" in text
+    results = report.gradescope(s, "hidden")
+    (extra,) = [t for t in results["tests"] if t["name"].startswith("Generated")]
+    assert extra["visibility"] == "hidden" and extra["max_score"] == 0.0
+    assert results["score"] == len(catalog.PITFALLS)
+    for name, m in g.mutants.items():  # survivors by clause, never by their text or id
+        (patch,) = m.patches
+        changed = [line.strip() for line in patch.new.splitlines() if len(line.strip()) > 12]
+        assert m.id not in extra["output"] and not any(c in extra["output"] for c in changed)
+        if name not in g.killed:
+            assert catalog.get(m.id).clause and m.clause in data["per_clause"]
+
+
+def test_a_generated_mutants_run_stops_at_its_first_kill_by_an_honest_test():
+    P, K = Outcome.PASSED, Outcome.KILLED
+    runs = {"impl": run({"a": P, "b": P, "c": P}), "torch_copy": run({"a": P, "b": K, "c": P})}
+    correct = [s for s in ms.subjects() if s.is_correct]
+    assert ms.first_kill_tests(runs, correct) == {"a", "c"}  # b is a false alarm
+    subs, fake = generated_runs(set())
+    fake["g03"] = ms.SubjectRun({"t_gen": Cell(K, "")}, ["t_pit", "t_gen"])  # stopped there
+    s = ms._score(subs, fake, ms.MODULE, 1.0, 0.0)
+    assert s.run.cell("t_pit", "g03").outcome is Outcome.NOT_APPLICABLE
+    assert s.summary.status["g03"].detected
+
+
+def test_generated_zero_turns_the_sample_off():
+    assert ms.generated_subjects(0) == [] and ms.generated_subjects(-1) == []
+    a, b = ms.generated_subjects(12, seed=5), ms.generated_subjects(12, seed=5)
+    assert a == b and [s.name for s in a] == [f"g{i:02d}" for i in range(1, 13)]
+    assert a != ms.generated_subjects(12, seed=6)
+
+
+@pytest.mark.slow
+def test_the_pitfall_suite_scores_one_on_the_published_and_less_on_the_generated(tmp_path):
+    status = main(
+        ["mutation-score", str(EXAMPLES / "student_tests_pitfalls"), "--generated", "13"]
+        + ["--json", str(tmp_path / "s.json")]
+    )
+    data = json.loads((tmp_path / "s.json").read_text())
+    assert status == 0 and data["score"] == 1.0
+    g = data["generated"]
+    assert g["drawn"] == 13 and g["killed"] < 13 and g["never_tested"]
+
+
+@pytest.mark.slow
+def test_the_strong_suite_beats_the_weak_one_on_the_generated_sample_under_five_draws():
+    for seed in range(5):
+        strong = ms.mutation_score(EXAMPLES / "student_tests_strong", seed=seed)
+        weak = ms.mutation_score(EXAMPLES / "student_tests_weak", seed=seed)
+        sample = [s.mutant for s in strong.run.subjects if ms.is_generated(s)]
+        assert sample == [s.mutant for s in weak.run.subjects if ms.is_generated(s)]
+        k = [
+            sum(s.summary.status[x.name].detected for x in s.run.subjects if ms.is_generated(x))
+            for s in (strong, weak)
+        ]
+        assert k[0] > k[1], (seed, k)
