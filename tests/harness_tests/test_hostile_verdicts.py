@@ -1,11 +1,12 @@
-"""Verdicts no subject can steer (issue 21), against the real sandbox: every value a verdict
-depends on is chosen by the parent (weights, inputs, the task instance, the moments of
-measurement) or computed by the oracle; the subject supplies outputs only.
+"""Verdicts no subject can steer (issues 21 and 34), against the real sandbox: every value a
+verdict depends on is chosen by the parent (weights, inputs, the task instance, the moments of
+measurement, the optimizer's gradients and rates) or computed by the oracle; the subject
+supplies outputs only.
 
-Each attack is an overlay on a correct submission (the torch copy) in tests/harness_tests/hostile/
-and is graded by `xfmr grade`'s own function on the tests it targets: the attacked test fails
-with a reason that names what the attack did, and the tests it does not touch still pass (no
-over-charge). The correct classmate passes all of them.
+Each attack is an overlay on a correct submission (the torch copy, or the correct example) in
+tests/harness_tests/hostile/ and is graded by `xfmr grade`'s own function on the tests it
+targets: the attacked test fails with a reason that names what the attack did, and the tests it
+does not touch still pass (no over-charge). The correct classmate passes all of them.
 """
 
 from __future__ import annotations
@@ -18,18 +19,18 @@ from harness.jobs.grade import grade
 from harness.outcomes import Outcome
 from harness.shared_tests.laws import BY_NAME
 
-pytestmark = pytest.mark.slow  # four sandboxed grades, two of them with the learning test
+pytestmark = pytest.mark.slow  # seven sandboxed grades, two of them with the learning test
 
 ROOT = Path(__file__).resolve().parents[2]
 HOSTILE = Path(__file__).parent / "hostile"
 
 
-def submission(folder: Path, name: str | None) -> Path:
-    """The torch copy, with the named overlay appended (None: the correct classmate)."""
-    text = (ROOT / "impl" / "torch_copy.py").read_text()
+def submission(folder: Path, name: str | None, base: str = "impl/torch_copy.py") -> Path:
+    """`base` (the torch copy), with the named overlay appended (None: the correct classmate)."""
+    text = (ROOT / base).read_text()
     if name is not None:
         text += "\n\n" + (HOSTILE / f"{name}.py").read_text()
-    path = folder / f"{name or 'classmate'}.py"
+    path = folder / f"{name or 'classmate'}_on_{Path(base).stem}.py"
     path.write_text(text)
     return path
 
@@ -43,6 +44,11 @@ def outcomes(path: Path, tests: list[str]) -> dict[str, tuple[Outcome, str]]:
 VALUES = ["test_golden_torch", "test_decoder_is_causal", "test_embeddings_scaled_and_tied"]
 DECODING = ["test_decode_step_equals_forward", "test_decode_step_reads_a_kv_cache"]
 LEARNING = ["test_learns_reversed_addition"]
+OPTIMIZER = [
+    "test_optimizer_is_the_papers_adam",
+    "test_fit_follows_the_schedule_and_is_reproducible",
+]
+CORRECT_EXAMPLE = "examples/correct_submission.py"
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +57,33 @@ def folder(tmp_path_factory):
 
 
 def test_the_correct_classmate_passes_every_attacked_test(folder):
-    got = outcomes(submission(folder, None), VALUES + DECODING + LEARNING)
+    got = outcomes(submission(folder, None), VALUES + DECODING + LEARNING + OPTIMIZER[:1])
     assert all(o is Outcome.PASSED for o, _ in got.values()), got
+
+
+def test_the_correct_example_passes_the_optimizer_laws(folder):
+    got = outcomes(submission(folder, None, CORRECT_EXAMPLE), OPTIMIZER)
+    assert all(o is Outcome.PASSED for o, _ in got.values()), got
+
+
+# Issue 34: make_optimizer judged by where its optimizer moves the parameters, not by its class
+# or its param groups' fields. Each overlay on the correct example names what it looks like; a
+# maximizing Adam still takes steps of Adam's size, so fit's schedule law (the size of the first
+# update) cannot tell it and must not be charged; SGD's first step is not the rate's size.
+DISGUISED_OPTIMIZERS = {
+    "verdict_sgd_behind_adam": ("plain SGD", Outcome.KILLED),
+    "verdict_adam_maximize": ("maximize=True", Outcome.PASSED),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DISGUISED_OPTIMIZERS))
+def test_a_disguised_optimizer_fails_the_optimizer_law(folder, name):
+    looks_like, fit_outcome = DISGUISED_OPTIMIZERS[name]
+    got = outcomes(submission(folder, name, CORRECT_EXAMPLE), OPTIMIZER)
+    outcome, message = got["test_optimizer_is_the_papers_adam"]
+    assert outcome is Outcome.KILLED, message
+    assert "not where the paper's Adam puts them" in message and looks_like in message, message
+    assert got["test_fit_follows_the_schedule_and_is_reproducible"][0] is fit_outcome, got
 
 
 def test_zero_weights_pass_no_value_test(folder):

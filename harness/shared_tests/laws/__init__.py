@@ -1,6 +1,6 @@
 """The shared property tests, by family: each a check with its `@law` record above it, in the
-family's module (hand_examples, values, masking, decoding, interface, training, dropout), its
-worker half in the same-named module of harness.isolation.child.probes.
+family's module (hand_examples, values, masking, decoding, interface, optimizer, training,
+dropout), its worker half in the same-named module of harness.isolation.child.probes.
 
 Every check runs in the trusted parent: it chooses inputs, asks the subject's worker to run
 probes on them, and judges the plain data that comes back against the oracle or against the law
@@ -19,6 +19,7 @@ from harness.shared_tests.laws import (  # noqa: F401  (each module registers it
     hand_examples,
     interface,
     masking,
+    optimizer,
     training,
     values,
 )

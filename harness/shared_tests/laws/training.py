@@ -23,29 +23,6 @@ from oracle.error_bounds import PRECISIONS
 
 
 @law(
-    "test_optimizer_is_the_papers_adam",
-    "make_optimizer is Adam over every parameter, betas (0.9, 0.98), eps 1e-9, no decay",
-    timeout=20.0,
-)
-def check_optimizer_is_the_papers_adam(call: Call) -> None:
-    # make_optimizer: torch's Adam over every parameter once, betas (0.9, 0.98), eps 1e-9, no
-    # weight decay (section 5.3).
-    r = call("optimizer", cfg=config(n_enc=1, n_dec=1), seed=18)
-    if "torch.optim.adam.Adam" not in r["bases"]:
-        raise Failure(f"make_optimizer returned {r['bases'][0]}, expected a torch.optim.Adam")
-    for i, g in enumerate(r["groups"]):
-        want = {"betas": [0.9, 0.98], "eps": 1e-9, "weight_decay": 0.0, "amsgrad": False}
-        got = {k: g[k] for k in want}
-        if got != want:
-            raise Failure(f"param group {i}: {got}, expected {want}")
-    if not r["all_held"] or r["foreign"] or r["n_held"] != r["n_distinct_held"]:
-        raise Failure(
-            f"the optimizer holds {r['n_distinct_held']} distinct tensors ({r['n_held']} entries, "
-            f"{r['foreign']} not the model's) for the model's {r['n_model']} parameters"
-        )
-
-
-@law(
     "test_fit_follows_the_schedule_and_is_reproducible",
     "exact step count, Noam or constant rates, Python float losses, same seed same losses whatever "
     "the global random state or mode, training mode during, mode restored",

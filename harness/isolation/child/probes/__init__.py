@@ -15,6 +15,7 @@ from harness.isolation.child.probes import (  # noqa: F401  (each module registe
     hand_examples,
     interface,
     masking,
+    optimizer,
     training,
     values,
 )

@@ -21,33 +21,6 @@ from harness.isolation.child.probes.base import (
 )
 
 
-@probe
-def optimizer(module, cfg, seed) -> dict[str, Any]:
-    """make_optimizer's class, its param groups' settings and which parameters it holds."""
-    model, _ = build(module, cfg, seed)
-    opt = module.make_optimizer(model)
-    held = [id(p) for group in opt.param_groups for p in group["params"]]
-    own = [id(p) for p in model.parameters()]
-    groups = [
-        {
-            "betas": [float(b) for b in group.get("betas", ())],
-            "eps": float(group.get("eps", float("nan"))),
-            "weight_decay": float(group.get("weight_decay", float("nan"))),
-            "amsgrad": bool(group.get("amsgrad", False)),
-        }
-        for group in opt.param_groups
-    ]
-    return {
-        "bases": [f"{c.__module__}.{c.__qualname__}" for c in type(opt).__mro__],
-        "groups": groups,
-        "n_held": len(held),
-        "n_distinct_held": len(set(held)),
-        "n_model": len(own),
-        "all_held": set(own) <= set(held),
-        "foreign": len(set(held) - set(own)),
-    }
-
-
 def _fit(module, model, data, seed, **kw) -> dict[str, Any]:
     calls: list[list[float]] = []
     losses = module.fit(
