@@ -45,7 +45,6 @@ import numpy as np
 
 MAGIC = b"XFM2"
 _HEAD = struct.Struct(">4sQIQ")  # magic, id, JSON length, payload length
-HEADER_SIZE = _HEAD.size
 
 # The parent's requests, as the worker reads them (the parent is trusted; pushed weights and
 # a batch of inputs are a few MiB).
