@@ -173,21 +173,6 @@ def _chosen_rows(params: Any, cfg: dict, eos: int, max_len: int, why: str) -> li
     return _CHOSEN_ROWS[key]
 
 
-def _formula_decides(params: Any, memory: Any, mask: Any, eos: int, max_len: int) -> bool:
-    """For some setting, the winner changes when every log-probability sum is offset by 1, or
-    the penalty's exponent by 0.5."""
-    for beam, penalty in ((2, 1.0), (3, 1.0), (3, 2.0), (4, 1.0)):
-        finished = oracle.beam_search(params, memory, mask, BOS, eos, max_len, beam, penalty)
-        logp = np.array([h.logp for h in finished])
-        length = np.array([len(h.tokens) for h in finished], dtype=np.float64)
-        best = int(np.argmax(logp / length**penalty))  # the first of equal scores
-        variants = [(logp + c) / length**penalty for c in (-1.0, 1.0)]
-        variants += [logp / length ** (penalty + e) for e in (-0.5, 0.5)]
-        if _clear(finished) and any(int(np.argmax(v)) != best for v in variants):
-            return True
-    return False
-
-
 def _best(finished: list, penalty: float) -> tuple[tuple, bool]:
     """The winner of these finished hypotheses under `penalty` (the first of equal scores), and
     whether it beats the runner-up by more than CLEAR_WINNER."""
@@ -219,16 +204,8 @@ def _stop_rule_decides(params: Any, memory: Any, mask: Any, eos: int, max_len: i
 
 # why -> (the rows' seed, how many rows to try, the test a row must pass)
 DECIDES = {
-    "formula": (90, 16, _formula_decides),
     "stop rule": (91, 8, _stop_rule_decides),
 }
-
-
-def formula_sensitive_rows(params: Any, cfg: dict, eos: int, max_len: int) -> list[np.ndarray]:
-    """Up to two source rows (of 16 drawn) where the pinned score logp / len ** length_penalty
-    decides the winner among finished hypotheses of different lengths (`_formula_decides`).
-    Rows where the formula's details cannot matter test none of them."""
-    return _chosen_rows(params, cfg, eos, max_len, "formula")
 
 
 _CHOSEN_CASES: dict[tuple, tuple[int, list[np.ndarray]] | None] = {}
@@ -249,3 +226,84 @@ def stop_rule_case(params: Any, cfg: dict, max_len: int) -> tuple[int, list[np.n
                 _CHOSEN_CASES[key] = (eos, rows)
                 break
     return _CHOSEN_CASES[key]
+
+
+# The pinned score is logp / len ** length_penalty, logp summed from 0 at bos. A search that
+# slips in the formula scores (logp + c) / len ** (length_penalty + e) instead: an initial
+# log-probability of c (generic mutant number_replacer@520:18:-1.0 of impl) or another
+# exponent. Neither changes which hypotheses the search keeps or when it stops, only which
+# finished one wins, and then only where finished hypotheses differ in length: each variant is
+# covered by rows of its own, on which its winner differs from the pinned one.
+FORMULA_VARIANTS = {
+    "initial log-probability -1": (-1.0, 0.0),
+    "initial log-probability +1": (1.0, 0.0),
+    "length_penalty - 0.5": (0.0, -0.5),
+    "length_penalty + 0.5": (0.0, 0.5),
+}
+# the rows' seed and how many to draw; the beam sizes and penalties of the beam test's settings
+# where the formula can decide (beam 1 finishes one hypothesis)
+FORMULA_ROWS = (90, 16)
+FORMULA_SETTINGS = ((2, 3, 4), (0.0, 1.0, 2.0))
+
+
+def _variants_decided(params: Any, memory: Any, mask: Any, eos: int, max_len: int) -> set[str]:
+    """The formula variants whose winner differs from the pinned search's for some beam size and
+    penalty of FORMULA_SETTINGS, every difference beyond rounding: the pinned winner beats its
+    runner-up, and every choice on the way is apart (the search's gaps), by more than
+    CLEAR_WINNER, and under the variant's scores another hypothesis beats the pinned winner by
+    more than CLEAR_WINNER. (The penalty changes the scores only: one search per beam size.)"""
+    found: set[str] = set()
+    beams, penalties = FORMULA_SETTINGS
+    for beam in beams:
+        gaps: list[float] = []
+        finished = oracle.beam_search(params, memory, mask, BOS, eos, max_len, beam, 0.0, gaps=gaps)
+        if len(finished) < 2 or min(gaps, default=math.inf) <= CLEAR_WINNER:
+            continue
+        logp = np.array([h.logp for h in finished])
+        length = np.array([max(len(h.tokens), 1) for h in finished], dtype=np.float64)
+        for penalty in penalties:
+            pinned = logp / length**penalty
+            best = int(np.argmax(pinned))  # the first of equal scores
+            if np.sort(pinned)[-2] >= pinned[best] - CLEAR_WINNER:
+                continue  # no clear pinned winner
+            for name, (offset, exponent) in FORMULA_VARIANTS.items():
+                moved = (logp + offset) / length ** (penalty + exponent)
+                if moved.max() - moved[best] > CLEAR_WINNER:
+                    found.add(name)
+    return found
+
+
+_FORMULA_CASES: dict[tuple, dict[int, list[np.ndarray]]] = {}
+
+
+def formula_cases(
+    params: Any, cfg: dict, max_len: int, preferred: list[int]
+) -> dict[int, list[np.ndarray]]:
+    """Source rows by eos, at most one row per variant of FORMULA_VARIANTS, on which that
+    variant's winner differs from the pinned search's (`_variants_decided`): for each eos in
+    turn (`preferred` first, the eos of the searches the test runs anyway, then every real token
+    in id order), the rows drawn from FORMULA_ROWS' seed (the same for every eos) that cover a
+    variant not yet covered. Which hypotheses finish, and how long they are, is the weights' to
+    decide, so the eos is chosen for them; a variant that no eos covers under these weights is
+    left uncovered (the run's draws, not the subject, came short)."""
+    order = list(dict.fromkeys([*preferred, *range(EOS + 1, cfg["tgt_vocab"])]))
+    key = (max_len, tuple(order), params_key(params))
+    if key not in _FORMULA_CASES:
+        seed, tries = FORMULA_ROWS
+        rng = np.random.default_rng(seed)
+        rows = [tokens(rng, cfg["src_vocab"], (int(rng.integers(2, 6)),)) for _ in range(tries)]
+        masks = [np.ones((1, len(row)), bool) for row in rows]
+        memories = [oracle.encode(params, row[None], m) for row, m in zip(rows, masks, strict=True)]
+        left = set(FORMULA_VARIANTS)
+        cases: dict[int, list[np.ndarray]] = {}
+        for eos in order:
+            for row, memory, mask in zip(rows, memories, masks, strict=True):
+                if found := _variants_decided(params, memory, mask, eos, max_len) & left:
+                    cases.setdefault(eos, []).append(row)
+                    left -= found
+                if not left:
+                    break
+            if not left:
+                break
+        _FORMULA_CASES[key] = cases
+    return _FORMULA_CASES[key]

@@ -2,9 +2,13 @@
 decode_step given y_prev with fewer rows than its state, and batches of more than 256 rows
 through decode_step and translate (a size compared with `is not` holds for CPython's cached
 small integers only). Each mutant is impl with the slip written in, loaded in this process
-(trusted code) and judged through the probes a grader's worker runs."""
+(trusted code) and judged through the probes a grader's worker runs. The beam test also kills
+an offset initial log-probability under the draws that left it, and leaves a broken
+load_transformer to the translate test."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +19,7 @@ from harness.shared_tests.laws import BY_NAME
 from harness.shared_tests.record import Failure
 from harness.subjects import module_source
 
+ROOT = Path(__file__).resolve().parents[2]
 SOURCE = module_source("impl.transformer")[1]
 STEP = "test_decode_step_equals_forward"
 TRANSLATE = "test_translate_is_greedy_with_beam_one_and_drops_eos"
@@ -90,3 +95,46 @@ def test_the_beam_test_kills_stop_rule_slips_under_any_draw(draw_secret, secret,
     module = mutant(STOP_RULE, STOP_RULE_SLIPS[slip])
     with pytest.raises(Failure, match="the pinned beam search gives"):
         check(BEAM, module)
+
+
+# The initial log-probability of the beam search offset by -1 (generic mutant
+# number_replacer@520:18:-1.0): the draws under which the beam test left it alive when its
+# formula rows were chosen for any variant of the score at once, with the test's own eos.
+INITIAL_LOGP = "live = [((), 0.0, model.init_state(src_mask))]"
+
+
+@pytest.mark.parametrize("secret", [21, 24, 25, 29, 32, 39, 54, 57])
+def test_the_beam_test_kills_an_offset_initial_log_probability_under_those_draws(
+    draw_secret, secret
+):
+    draw_secret(secret)
+    module = mutant(INITIAL_LOGP, INITIAL_LOGP.replace("0.0", "-1.0"))
+    with pytest.raises(Failure, match="the pinned beam search gives"):
+        check(BEAM, module)
+
+
+CORRECT = ROOT / "examples" / "correct_submission.py"
+# load_transformer that rebuilds the config without its norm: every loaded model is post-LN, and
+# a pre-LN model's enc_norm/dec_norm do not load
+IGNORES_THE_NORM = """
+
+def load_transformer(dir):
+    path = Path(dir)
+    fields = json.loads((path / "config.json").read_text())
+    fields.pop("norm")
+    weights = load_file(path / "model.safetensors")
+    model = Transformer(TransformerConfig(**fields)).to(next(iter(weights.values())).dtype)
+    model.load_state_dict(weights)
+    return model
+"""
+
+
+def test_a_load_that_ignores_the_norm_is_charged_to_the_translate_test_only(draw_secret):
+    # the beam test searches a model given the parent's weights directly, never a loaded one
+    draw_secret(0)
+    text = CORRECT.read_text()
+    assert "\ndef load_transformer(" in text
+    module = from_source(text + IGNORES_THE_NORM, "<overlay>", name="xfmr_load_ignores_norm")
+    with pytest.raises(RuntimeError, match="enc_norm"):
+        check(TRANSLATE, module)
+    check(BEAM, module)

@@ -24,10 +24,11 @@ from harness.shared_tests.inputs import (
 )
 from harness.shared_tests.record import Call, Failure, law
 from harness.shared_tests.searches import (
+    FORMULA_SETTINGS,
     along_paths,
     beam_search_once,
     decoding_paths,
-    formula_sensitive_rows,
+    formula_cases,
     greedy,
     greedy_decided,
     params_key,
@@ -241,9 +242,12 @@ def translated(
     settings: list,
     train_mode: bool,
     paths: dict | None = None,
+    save_load: bool = True,
 ) -> dict:
     """The probe translations on the parent's weights (bos BOS, pad PAD), and the check that the
-    model held those weights throughout."""
+    model held those weights throughout; with the save/load round trip unless `save_load` is
+    false (the beam test searches a model built with the parent's weights, and leaves save/load
+    to the translate test: one cause, one charge)."""
     r = call(
         "translations",
         cfg=cfg,
@@ -256,6 +260,7 @@ def translated(
         settings=settings,
         train_mode=train_mode,
         paths=paths,
+        save_load=save_load,
     )
     assert_holds("translate's model", r["state_dict"], weights)
     return r
@@ -353,6 +358,7 @@ def check_many_rows_translated(
         "max_len": 2,
         "settings": [[1, 1.0]],
         "train_mode": False,
+        "save_load": False,  # the round trip is judged once, on the test's own rows
     }
     r = answer_of_many_rows(call, "translations", "translate", inputs)
     assert_holds("translate's model", r["state_dict"], weights)
@@ -388,19 +394,25 @@ def check_round_trip(label: str, r: dict) -> None:
 
 @law(
     "test_beam_search_matches_oracle",
-    "translate equals the pinned beam search for beams 1-4 and length penalties 0, 1, 2",
+    "translate equals the pinned beam search for beams 1-4 and length penalties 0, 1, 2 "
+    "(on a model given the parent's weights directly: no save/load)",
     timeout=30.0,
     points=6,
 )
 def check_beam_search_matches_oracle(call: Call) -> None:
     # translate equals the oracle's pinned beam search for beam sizes 1-4 and length penalties
     # 0, 1, 2, wherever the oracle's winner beats the runner-up by more than two scores of the
-    # subject's dtype may move (score_margins).
+    # subject's dtype may move (score_margins). The model is built with the parent's weights
+    # pushed in (decoding_setup), never through the subject's save/load: a broken
+    # load_transformer is the translate test's charge only.
     cfg, max_len = config(n_enc=1, n_dec=1, norm="pre", tie_embeddings=False), 5
     rng = np.random.default_rng(9)
     src = batch(rng, cfg, src_lens=[5, 3, 4], tgt_lens=[1, 1, 1])["src"]
     weights, params, eos = decoding_setup(call, cfg, 21, src, max_len)
-    src = with_rows(src, formula_sensitive_rows(params, cfg, eos, max_len))
+    stop = stop_rule_case(params, cfg, max_len)
+    chosen = formula_cases(params, cfg, max_len, [eos] + ([stop[0]] if stop else []))
+    cases = {e: list(rows) for e, rows in chosen.items()}  # a copy: the choice is cached
+    src = with_rows(src, cases.pop(eos, []))
     settings = [[beam, penalty] for beam in (1, 2, 3, 4) for penalty in (0.0, 1.0, 2.0)]
     key = params_key(params)
     r, compared = searched(call, cfg, weights, params, key, src, eos, max_len, settings)
@@ -410,7 +422,9 @@ def check_beam_search_matches_oracle(call: Call) -> None:
             # apart on these inputs: nothing can be judged in its dtype (results/dtype_runs.md)
             return
         raise Failure("every case was a near tie: nothing compared (choose other inputs)")
-    check_beam_search_stops_at_beam_size_finished(call, cfg, weights, params, key, max_len)
+    if stop is not None:
+        cases[stop[0]] = [*stop[1], *cases.get(stop[0], [])]
+    check_beam_search_with_chosen_eos(call, cfg, weights, params, key, max_len, cases)
     check_beam_search_when_nothing_finishes(call, cfg, weights, params, src, key)
 
 
@@ -430,7 +444,9 @@ def searched(
     with the oracle's pinned search wherever the winner and every choice on the way are decided
     in the subject's dtype (score_margins); the reply and how many cases were compared."""
     paths = decoding_paths(greedy(params, src, eos, max_len)[0])
-    r = translated(call, cfg, weights, src, eos, max_len, settings, False, paths=paths)
+    r = translated(
+        call, cfg, weights, src, eos, max_len, settings, False, paths=paths, save_load=False
+    )
     margins = score_margins(params, src, paths, r["dtype"], max_len)
     compared = 0
     for (beam, penalty), got in zip(settings, r["outputs"], strict=True):
@@ -455,21 +471,32 @@ def searched(
     return r, compared
 
 
-def check_beam_search_stops_at_beam_size_finished(
-    call: Call, cfg: dict, weights: dict, params: Any, key: bytes, max_len: int
+def check_beam_search_with_chosen_eos(
+    call: Call,
+    cfg: dict,
+    weights: dict,
+    params: Any,
+    key: bytes,
+    max_len: int,
+    cases: dict[int, list[np.ndarray]],
 ) -> None:
-    """The pinned stop: the search ends on the step after which beam_size hypotheses (or more)
-    have finished. On rows (and an eos) where that step finishes more than beam_size at once and
-    a search that went on would end with another winner (searches.stop_rule_case), a stop that
-    waits for exactly beam_size, for no live hypothesis, or never comes answers differently.
+    """The pinned details that the test's own eos may never exercise under the run's weights,
+    each on rows and an eos chosen for them (one translate per eos, beams 2-4, penalties 0-2):
+
+    - the stop: the search ends on the step after which beam_size hypotheses (or more) have
+      finished. On rows where that step finishes more than beam_size at once and a search that
+      went on would end with another winner (searches.stop_rule_case), a stop that waits for
+      exactly beam_size, for no live hypothesis, or never comes answers differently;
+    - the score logp / len ** length_penalty, logp from 0: for each of an initial
+      log-probability of -1 or +1 and an exponent 0.5 off, rows where its winner differs
+      (searches.formula_cases).
+
     Where the run's weights give no such case, nothing more is judged."""
-    case = stop_rule_case(params, cfg, max_len)
-    if case is None:
-        return
-    eos, rows = case
-    settings = [[beam, penalty] for beam in (2, 3, 4) for penalty in (0.0, 1.0, 2.0)]
-    src = padded(rows)
-    searched(call, cfg, weights, params, key, src, eos, max_len, settings, f" (eos={eos})")
+    beams, penalties = FORMULA_SETTINGS
+    settings = [[beam, penalty] for beam in beams for penalty in penalties]
+    for eos, rows in cases.items():
+        src = padded(rows)
+        searched(call, cfg, weights, params, key, src, eos, max_len, settings, f" (eos={eos})")
 
 
 def with_rows(src: np.ndarray, extra: list[np.ndarray]) -> np.ndarray:
@@ -514,7 +541,7 @@ def check_beam_search_when_nothing_finishes(call, cfg, weights, params, src, key
     if chosen is None:
         return
     eos, max_len, found = chosen
-    r = translated(call, cfg, weights, src, eos, max_len, settings, False)
+    r = translated(call, cfg, weights, src, eos, max_len, settings, False, save_load=False)
     paths = decoding_paths(greedy(params, src, None, max_len)[0])
     margins = score_margins(params, src, paths, r["dtype"], max_len)
     for (beam, penalty), got, runs in zip(settings, r["outputs"], found, strict=True):

@@ -94,10 +94,22 @@ def decode_step_rows(module, cfg, weights, src, src_mask, bos, rows) -> dict[str
 
 @probe
 def translations(
-    module, cfg, weights, src, bos, eos, pad_id, max_len, settings, train_mode, paths=None
+    module,
+    cfg,
+    weights,
+    src,
+    bos,
+    eos,
+    pad_id,
+    max_len,
+    settings,
+    train_mode,
+    paths=None,
+    save_load=True,
 ):
     """translate under each (beam_size, length_penalty) with the parent's weights loaded, the
-    training mode it leaves, a save_transformer / load_transformer round trip, and the forward
+    training mode it leaves, a save_transformer / load_transformer round trip (unless
+    `save_load` is false: a search judged on its own never touches them), and the forward
     logits along the parent's decoding `paths` ({"tgt_in", "tgt_mask"}), so the parent can tell
     a search fault from a forward-pass fault."""
     model, dtype = build(module, cfg, weights=weights)
@@ -136,7 +148,7 @@ def translations(
         "types": sorted(types),
         "grad_during": any(grad_seen),
         "modules_seen": len(grad_seen),
-        **round_trip(module, model, src, bos, pad_id),
+        **(round_trip(module, model, src, bos, pad_id) if save_load else {}),
     }
 
 
