@@ -37,7 +37,7 @@ import torch
 from demos import ln_demo
 from demos.progress import Progress
 from demos.runtime import machine_load, torch_threads
-from demos.train import TRAIN_DEFAULTS, Solved, Validation, exact_match, load_split, make_model
+from demos.train import EVAL_CHUNK, TRAIN_DEFAULTS, Solved, Validation, load_split, make_model
 from tasks import addition
 
 CONTRACT = (
@@ -57,7 +57,11 @@ TARGET = 0.98  # MS-L5: exact match on held-out three-digit sums
 # of CPU in all (287 s of wall at load 11, when the process had a sixth of a core). 0.9 leaves a
 # correct model a wide margin; a model that misses it has not learned the task.
 SMOKE_BAR = 0.9
-PADS = 3  # pad positions appended to every source for the padded exact match
+PADS = 3  # pad positions appended to every source: the answers must not change
+# Masked keys weigh exactly 0, so a correct model's padded answers are its plain ones; only a
+# kernel's rounding on another shape could flip a near-tie. The faulty example (its
+# cross-attention reads padding) changed 12% of them in the smoke run (exact match 0.998 -> 0.880).
+PADDING_CHANGES = 0.01
 SHOWN = 5  # held-out sums shown with the model's answers
 
 
@@ -161,15 +165,20 @@ def train_and_evaluate(module: ModuleType, s: dict[str, Any], seed: int) -> dict
         model.load_state_dict(monitor.best_weights)
         kept = monitor.best["update"]
 
-    def em(src: torch.Tensor) -> float:
-        return exact_match(model, src, data.test_tgt, digits, 1, translate=module.translate)
+    def translated(src: torch.Tensor) -> list[list[int]]:
+        out: list[list[int]] = []
+        for i in range(0, len(src), EVAL_CHUNK):
+            chunk = src[i : i + EVAL_CHUNK]
+            bos, eos, pad = addition.BOS, addition.EOS, addition.PAD
+            out += [
+                list(map(int, r)) for r in module.translate(model, chunk, bos, eos, pad, digits + 2)
+            ]
+        return out
 
-    greedy, padded = em(data.test_src), em(_padded(data.test_src, PADS))
-    shown = module.translate(
-        model, data.test_src[:SHOWN], addition.BOS, addition.EOS, addition.PAD, digits + 2
-    )
+    plain, padded = translated(data.test_src), translated(_padded(data.test_src, PADS))
+    changed = sum(a != b for a, b in zip(plain, padded, strict=True)) / len(plain)
     answers = []
-    for (a, b), tokens in zip(data.test_pairs[:SHOWN].tolist(), shown, strict=True):
+    for (a, b), tokens in zip(data.test_pairs[:SHOWN].tolist(), plain[:SHOWN], strict=True):
         answer = addition.decode_answer(list(tokens))
         answers.append({"sum": f"{a}+{b}", "answer": answer, "right": answer == str(a + b)})
     return {
@@ -178,8 +187,9 @@ def train_and_evaluate(module: ModuleType, s: dict[str, Any], seed: int) -> dict
         "stopped": stopped,
         "kept_update": kept,
         "fit_s": round(fit_s, 1),
-        "greedy": greedy,
-        "greedy_padded": padded,
+        "greedy": addition.exact_match(plain, data.test_tgt),
+        "greedy_padded": addition.exact_match(padded, data.test_tgt),
+        "changed_by_padding": changed,
         "answers": answers,
         "losses": monitor.losses,
     }
@@ -251,16 +261,18 @@ def judge(run: dict, demo: dict, bar: float, reason: str) -> tuple[bool, list[st
         return False, [f"FAILED: {reason}"]
     why = []
     ok = True
-    for key, what in (("greedy", "held-out sums"), ("greedy_padded", f"the same + {PADS} pads")):
-        good = run[key] >= bar
-        ok &= good
-        mark = "ok" if good else "FAILED"
-        why.append(f"{mark}: exact match {run[key]:.3f} on {what} (bar {bar})")
-    if run["greedy"] >= bar > run["greedy_padded"]:
-        why.append(
-            "FAILED: padding changes the answers: padded source positions are read (CONTRACT.md: "
-            "masks; test_source_padding_is_never_read)"
-        )
+    good = run["greedy"] >= bar
+    ok &= good
+    why.append(f"{'ok' if good else 'FAILED'}: exact match {run['greedy']:.3f} (bar {bar})")
+    changed = run["changed_by_padding"]
+    good = changed <= PADDING_CHANGES
+    ok &= good
+    why.append(
+        f"{'ok' if good else 'FAILED'}: {PADS} pad positions appended to each source changed "
+        f"{changed:.1%} of the answers (at most {PADDING_CHANGES:.0%}; exact match "
+        f"{run['greedy_padded']:.3f} padded)"
+        + ("" if good else ": padded source positions are read (CONTRACT.md: masks)")
+    )
     summary = demo["summary"]
     post, pre = (summary[k]["mean"] for k in ("post-LN, constant rate", "pre-LN, constant rate"))
     shown = pre < post
@@ -293,7 +305,8 @@ def report(r: dict, png: str | None) -> str:
         f"# MS-L5 on your own model{' (smoke)' if r['smoke'] else ''}: {r['submission']}",
         "",
         f"Target: greedy exact match >= {r['bar']} on {s['n_test']} held-out {s['digits']}-digit "
-        f"sums (as they are, and with {PADS} pad positions appended), and in the LayerNorm demo "
+        f"sums, answers unchanged by {PADS} pad positions appended to each source (at most "
+        f"{PADDING_CHANGES:.0%} changed), and in the LayerNorm demo "
         "pre-LN trains at a constant rate without warmup where post-LN stalls. Your own fit, "
         "noam_rate, make_optimizer, translate and label_smoothed_loss, on this machine without a "
         "sandbox (not a grade).",

@@ -45,16 +45,26 @@ def test_the_verdict_names_each_failing_part():
     demo = {
         "summary": {"post-LN, constant rate": {"mean": 0.9}, "pre-LN, constant rate": {"mean": 0.5}}
     }
-    run = {"greedy": 0.99, "greedy_padded": 0.2}
+    run = {"greedy": 0.99, "greedy_padded": 0.2, "changed_by_padding": 0.5}
     met, why = own_model.judge(run, demo, 0.98, "")
     assert not met
-    assert any("padding changes the answers" in line for line in why)
+    assert any(line.startswith("FAILED: 3 pad positions") and "are read" in line for line in why)
     assert any(line.startswith("ok: without warmup post-LN keeps 90%") for line in why)
     flat = {
         "summary": {"post-LN, constant rate": {"mean": 0.5}, "pre-LN, constant rate": {"mean": 0.6}}
     }
-    met, why = own_model.judge({"greedy": 1.0, "greedy_padded": 1.0}, flat, 0.98, "")
+    met, why = own_model.judge(
+        {"greedy": 1.0, "greedy_padded": 1.0, "changed_by_padding": 0.0}, flat, 0.98, ""
+    )
     assert not met and why[-1].startswith("FAILED: without warmup")
+
+
+@pytest.mark.slow
+def test_smoke_on_the_faulty_example_fails_naming_the_padding(tmp_path):
+    code, record, _ = _run(tmp_path, ROOT / "examples" / "faulty_submission.py", "--smoke")
+    assert code == 1
+    assert record["run"]["changed_by_padding"] > own_model.PADDING_CHANGES
+    assert any("padded source positions are read" in line for line in record["why"])
 
 
 def test_smoke_needs_a_submission(capsys):
@@ -67,7 +77,7 @@ def test_smoke_on_the_correct_example_meets_the_bar(tmp_path):
     code, record, report = _run(tmp_path, CORRECT, "--smoke")
     assert code == 0, record["why"]
     assert record["run"]["greedy"] >= own_model.SMOKE_BAR
-    assert record["run"]["greedy_padded"] >= own_model.SMOKE_BAR
+    assert record["run"]["changed_by_padding"] <= own_model.PADDING_CHANGES
     summary = record["ln_demo"]["summary"]
     # the LayerNorm demo on the student's model: post-LN stalls without warmup, pre-LN trains
     assert summary["pre-LN, constant rate"]["mean"] < summary["post-LN, constant rate"]["mean"]

@@ -172,7 +172,7 @@ def test_pytest_xfmr_on_the_stub_says_not_implemented_and_runs_the_example_tests
     # the example tests pass on the reference: they test the contract, not the stub
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--xfmr"]
-        + [str(ROOT / "impl" / "transformer.py"), str(started / "tests"), "-q"],
+        + [str(ROOT / "impl" / "transformer.py"), str(started / "tests"), "-v"],
         capture_output=True,
         text=True,
         cwd=started,
