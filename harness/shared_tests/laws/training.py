@@ -13,11 +13,13 @@ from harness.shared_tests.inputs import (
     PAD,
     batch,
     config,
+    draw_seed,
     learning_instance,
     learning_setup,
     pushed_weights,
 )
 from harness.shared_tests.record import Call, Failure, law
+from harness.shared_tests.updates import Updates
 from harness.shared_tests.verdicts import derived, errors, untied_params
 from oracle.error_bounds import PRECISIONS
 
@@ -174,29 +176,45 @@ def heldout_loss(call: Call, setup: dict[str, Any], seed: int, bar: float | None
 
     reached: list[Learned] = []  # the checkpoint where the loss first reached the bar
     unreadable: list[str] = []  # what was wrong with a checkpoint, said once the run is back
-    checkpoints = None
-    if bar is not None:
-        checkpoints = {
-            "src": task["val_src"][:CHECKPOINT_ROWS],
-            "tgt": task["val_tgt"][:CHECKPOINT_ROWS],
-            "pad_id": PAD,
-            "every": LEARN_CHECK_EVERY,
-        }
+    refused: list[Failure] = []  # an update that is not Adam's on the training rows
+    checkpoints = {
+        "src": task["val_src"][:CHECKPOINT_ROWS],
+        "tgt": task["val_tgt"][:CHECKPOINT_ROWS],
+        "pad_id": PAD,
+        "every": LEARN_CHECK_EVERY,
+    }
+    rate = recipe["lr"]
+    if rate is None:
+        d, warmup, factor = cfg["d_model"], recipe["warmup"], recipe["factor"]
+        rate = lambda step: oracle.noam_rate(step, d, warmup, factor)  # noqa: E731
+    run = Updates(
+        weights, task["data"], cfg, rate, np.random.default_rng(draw_seed("spot checks", seed))
+    )
 
     def on_checkpoint(question: Any) -> dict[str, bool]:
         """The parent's answer to a checkpoint: stop or go on. It never raises (the worker waits
-        for the answer): what cannot be read stops the run and fails it afterwards."""
-        assert bar is not None
+        for the answer): what cannot be read, or an update that does not hold, stops the run and
+        fails it afterwards."""
         due = LEARN_CHECK_EVERY * (len(unreadable) + len(seen) + 1)
         try:
             update = int(question["update"])
             if update != due or update > recipe["steps"]:
                 raise ValueError(f"a checkpoint at update {update}, where {due} was due")
             seen.append(update)
+            run.judge(question["updates"])
+            if run.step != update:
+                raise Failure(
+                    f"fit's callback counted {update} updates where the optimizer made {run.step}"
+                )
+            if bar is None:
+                return {"stop": False}
             own = float(question["own_loss"])
             if not own <= bar:  # the model's own loss says it is not there yet: go on
                 return {"stop": False}
-            loss = test_loss(question["state_dict"], f"the weights after {update} updates")
+            loss = test_loss(run.weights, f"the weights after {update} updates")
+        except Failure as e:
+            refused.append(e)
+            return {"stop": True}
         except Exception as e:
             unreadable.append(f"{type(e).__name__}: {e}")
             return {"stop": True}
@@ -207,14 +225,21 @@ def heldout_loss(call: Call, setup: dict[str, Any], seed: int, bar: float | None
     seen: list[int] = []
     r = call(
         "learn", cfg=cfg, seed=seed, data=task["data"], **recipe, checkpoints=checkpoints,
-        weights=weights, first=first, on_ask=on_checkpoint if bar is not None else None,
+        weights=weights, first=first, on_ask=on_checkpoint,
     )  # fmt: skip
     check_first_update(r["first_update"], first, cfg, recipe)
+    if refused:
+        raise refused[0]
     if unreadable:
         raise Failure(f"a checkpoint of the learning run could not be read: {unreadable[0]}")
     if reached:
         return reached[0]
-    params, _ = untied_params(r["state_dict"], cfg, "the trained weights")
+    run.judge(r.get("last_updates"))
+    if run.step != int(r["updates"]):
+        raise Failure(
+            f"fit's callback counted {r['updates']} updates where the optimizer made {run.step}"
+        )
+    params, _ = untied_params(run.weights, cfg, "the trained weights")
     loss = float(
         oracle.label_smoothed_loss(
             oracle.forward(params, src, tgt_in, src != PAD, tgt_in != PAD), tgt_out, 0.0, PAD

@@ -10,12 +10,15 @@ import torch
 
 from harness.isolation.child import channel
 from harness.isolation.child.probes.base import (
+    _view_of,
     build,
     gradients,
     load_weights,
     numpy_of,
+    parameter_views,
     parameters_by_name,
     probe,
+    state_tensors,
     tensor_of,
     training_dtype,
 )
@@ -97,6 +100,132 @@ class _Stop(Exception):
     """Raised from fit's callback to end training early."""
 
 
+def _plain(t: torch.Tensor) -> np.ndarray:
+    """A tensor as numpy in its own dtype where the wire carries it (float32 stays float32:
+    half the bytes of every update's record), else float64."""
+    t = t.detach().cpu()
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.to(torch.float64)
+    return t.numpy().copy()
+
+
+class _Updates:
+    """What every update of fit is made of, recorded from outside fit (torch's global optimizer
+    step hooks and a forward hook on the model), for the parent to check
+    (harness/shared_tests/updates.py): at each optimizer step that holds the model's parameters,
+    the rows of the training-mode forward passes since the last step whose logits got a
+    gradient (src, tgt_in and dL/dlogits), the gradients the step reads and the weights after
+    it, under the state_dict's names (each entry that is a parameter or a view of one); before
+    the first step, the weights it starts from."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.own = {id(p) for p in model.parameters()}
+        self.passes: list[dict[str, Any]] = []  # forward passes of the update being made
+        self.records: list[dict[str, Any]] = []  # updates not yet shown to the parent
+        self.grads: dict[str, np.ndarray] | None = None
+        self.before: dict[str, np.ndarray] | None = None
+        self.handles: list[Any] = []
+        self.views: dict[str, tuple[torch.nn.Parameter, torch.Tensor | None]] = {}
+
+    def __enter__(self) -> _Updates:
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        self.views = self._views()
+        self.handles = [
+            self.model.register_forward_hook(self._forward, with_kwargs=True),
+            register_optimizer_step_pre_hook(self._pre),
+            register_optimizer_step_post_hook(self._post),
+        ]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+    def _mine(self, optimizer: Any) -> bool:
+        return any(
+            id(p) in self.own for group in optimizer.param_groups for p in group.get("params", ())
+        )
+
+    def _views(self) -> dict[str, tuple[torch.nn.Parameter, torch.Tensor | None]]:
+        """Each state_dict entry that is a parameter (None) or a view of one (the view), found
+        once as fit starts: a step's records then cost a copy of each tensor, no search."""
+        state = state_tensors(self.model)
+        out: dict[str, tuple[torch.nn.Parameter, torch.Tensor | None]] = {}
+        for key, (_, p) in parameter_views(self.model).items():
+            t = state[key]
+            same = (t.shape, t.stride(), t.storage_offset()) == (
+                p.shape,
+                p.stride(),
+                p.storage_offset(),
+            )
+            out[key] = (p, None if same else t)
+        return out
+
+    def _tensors(self, grads: bool) -> dict[str, np.ndarray]:
+        out = {}
+        for key, (p, view) in self.views.items():
+            if not grads:
+                out[key] = _plain(p if view is None else view)
+            elif p.grad is None:
+                out[key] = np.zeros(
+                    tuple(p.shape if view is None else view.shape), dtype=np.float32
+                )
+            else:
+                out[key] = _plain(p.grad if view is None else _view_of(p.grad, p, view))
+        return out
+
+    def _forward(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
+        if not (torch.is_grad_enabled() and isinstance(output, torch.Tensor)):
+            return
+        if not output.requires_grad:
+            return
+        given = [*args, kwargs.get("src"), kwargs.get("tgt_in")]
+        src, tgt_in = (args[0], args[1]) if len(args) >= 2 else (given[-2], given[-1])
+        if not (isinstance(src, torch.Tensor) and isinstance(tgt_in, torch.Tensor)):
+            return
+        entry: dict[str, Any] = {"src": _plain(src), "tgt_in": _plain(tgt_in), "dlogits": None}
+        self.passes.append(entry)
+
+        def grab(g: torch.Tensor) -> None:
+            entry["dlogits"] = (
+                _plain(g) if entry["dlogits"] is None else entry["dlogits"] + _plain(g)
+            )
+
+        output.register_hook(grab)
+
+    def _pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._mine(optimizer):
+            if self.before is None:
+                self.before = self._tensors(grads=False)
+            self.grads = self._tensors(grads=True)
+
+    def _post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not self._mine(optimizer) or self.grads is None:
+            return
+        batches = [e for e in self.passes if e["dlogits"] is not None]
+        self.passes = []
+        self.records.append(
+            {
+                "batches": batches,
+                "grads": self.grads,
+                "after": self._tensors(grads=False),
+                "rates": [float(group.get("lr", float("nan"))) for group in optimizer.param_groups],
+            }
+        )
+        self.grads = None
+
+    def take(self) -> dict[str, Any]:
+        """The updates recorded since the last take (and the first update's starting weights)."""
+        records, self.records = self.records, []
+        before, self.before = self.before, {}
+        return {"before": before or None, "records": records}
+
+
 @probe
 def learn(
     module,
@@ -173,6 +302,8 @@ def learn(
         picked = np.take_along_axis(logp, tgt_out[..., None], axis=-1)[..., 0]
         return float(-(picked * real).sum() / real.sum())
 
+    recorder = _Updates(model)
+
     def callback(step, rate, loss) -> None:
         updates[0] += 1  # counted here: the subject's step numbers are its own
         if checkpoints is not None and updates[0] % checkpoints["every"] == 0:
@@ -180,15 +311,17 @@ def learn(
                 "update": updates[0],
                 "state_dict": parameters_by_name(model),
                 "own_loss": own_loss(),
+                "updates": recorder.take(),
             }
             if channel.ask(question).get("stop") is True:
                 raise _Stop
 
     try:
-        losses = module.fit(
-            model, tensor_of(data["src"]), tensor_of(data["tgt"]), pad_id=data["pad_id"], seed=seed,
-            callback=callback, **kw,
-        )  # fmt: skip
+        with recorder:
+            losses = module.fit(
+                model, tensor_of(data["src"]), tensor_of(data["tgt"]), pad_id=data["pad_id"],
+                seed=seed, callback=callback, **kw,
+            )  # fmt: skip
         losses = [float(x) for x in losses]
     except _Stop:
         losses = None
@@ -197,6 +330,7 @@ def learn(
         "updates": updates[0],
         "state_dict": parameters_by_name(model),
         "first_update": first_update,
+        "last_updates": recorder.take(),
     }
     if checkpoints is not None:  # the trained model's logits on the validation rows: a diagnosis
         src, tgt = tensor_of(checkpoints["src"]), tensor_of(checkpoints["tgt"])

@@ -1,0 +1,324 @@
+"""The parent's check of a learning run's updates: the weights the learning test judges must have
+come from Adam steps on the parent's training rows, from the parent's initial weights.
+
+The learning probe records every update of fit from outside it (torch's global optimizer step
+hooks and a forward hook on the model) and shows the parent, at each checkpoint, what each update
+was made of: the rows of its training-mode forward passes with dL/dlogits, the gradients the step
+read and the weights after it. The parent (`Updates.judge`)
+
+- maps every row back to a training row of its own instance (src and tgt_in both): no update may
+  read a row the parent did not give fit for training;
+- replays every update with the oracle's Adam (`oracle.adam_step`, the recipe's rate, Adam's
+  moments from its own replay since the first update) from the weights before it (the parent's
+  own initial weights for the first; the subject's weights after the previous update for each
+  later one, so float32 rounding cannot accumulate), and the weights after it must lie within
+  `oracle.adam_step_bound` of the replay;
+- at secretly drawn updates (SPOT_CHECKS of every segment between two checkpoints, drawn only
+  once the segment's records are in), checks the gradient itself against the oracle on the
+  weights before the update and its rows (`check_gradient`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+import oracle
+import oracle.optim
+from harness.shared_tests.inputs import PAD
+from harness.shared_tests.record import Failure
+from harness.shared_tests.verdicts import untied_params
+from oracle.grads import backward, forward_for_grads
+
+BETAS, ADAM_EPS = (0.9, 0.98), 1e-9
+# Updates whose gradient is checked against the oracle's, of every LEARN_CHECK_EVERY: drawn by
+# the parent after the segment's records arrived, so the subject cannot know which. A fit whose
+# gradient is not the loss's at f of a segment's 10 updates passes that segment's check with
+# probability C(10 - f, k) / C(10, k) (k = SPOT_CHECKS): 0.8 for f = 1, 0 for f = 10.
+SPOT_CHECKS = 2
+# The weights after each update lie within oracle.adam_step_bound of the replay's (the derived
+# bound of torch's Adam computing in float32 from the same weights and gradients, its moments'
+# rounding accumulated since the first update; a float64 subject is held to the same, looser,
+# bound), re-anchored on the subject's weights after every update (prior 0).
+BOUND_DTYPE = "float32"
+# How far a checked gradient may lie from the oracle's backward pass of the subject's own
+# dL/dlogits on the same weights and rows, per entry: GRAD_REL of the entry plus GRAD_FLOOR of
+# its tensor's largest. Honest float32 gradients of this model lie within ~1e-5 of the tensor's
+# largest entry (impl, the torch copy: measured in tests/harness_tests/test_learning_updates.py);
+# a gradient that steers Adam must flip or scale entries by their own size.
+# GRAD_GLOBAL of the largest entry of all is the floor of every tensor: a gradient that is 0 by
+# the algebra (the key biases: softmax ignores a shift) is a rounding residue of ~1e-9 there.
+GRAD_REL, GRAD_FLOOR, GRAD_GLOBAL = 1e-2, 1e-3, 1e-5
+# dL/dlogits of a label-smoothed cross-entropy is w (softmax(z) - (1 - e) onehot(t) - e / V) at
+# every position it counts: DLOGITS_TOL of w per entry (float32 logits move softmax by ~1e-6).
+DLOGITS_TOL = 1e-3
+MAX_SMOOTHING = 0.5
+
+
+class Updates:
+    """The replay of one learning run's updates, fed segment by segment (`judge`)."""
+
+    def __init__(
+        self,
+        initial: dict[str, np.ndarray],
+        data: dict[str, Any],
+        cfg: dict[str, Any],
+        rate: Any,
+        rng: np.random.Generator,
+    ) -> None:
+        self.initial = {k: np.asarray(v, dtype=np.float64) for k, v in initial.items()}
+        self.cfg, self.rate, self.rng = cfg, rate, rng
+        self.src, self.tgt = np.asarray(data["src"]), np.asarray(data["tgt"])
+        self.rows = {row.tobytes(): i for i, row in enumerate(self.src.astype(np.int64))}
+        self.weights: dict[str, np.ndarray] | None = None  # the subject's after the last update
+        # flat over the names in sorted order: the weights, Adam's moments, and the average of
+        # |g| the rounding bound reads
+        self.keys: list[str] = []
+        self.ends = np.zeros(0, dtype=np.int64)
+        self.flat = self.m = self.v = self.m_abs = np.zeros(0)
+        self.step = 0
+        self.checked: list[str] = []  # how each spot-checked gradient held ("oracle" / "close")
+
+    # --- rows --------------------------------------------------------------------------------
+    def training_rows(self, batch: dict[str, Any]) -> np.ndarray:
+        """The training-row index of every row of one forward pass; a row that is not one of the
+        parent's training rows fails."""
+        src = np.asarray(batch["src"])
+        tgt_in = np.asarray(batch["tgt_in"])
+        if src.ndim != 2 or tgt_in.ndim != 2 or len(src) != len(tgt_in) or not len(src):
+            raise Failure(
+                f"update {self.step}: a forward pass of shapes {src.shape}, {tgt_in.shape}"
+            )
+        found = []
+        for s, t in zip(src.astype(np.int64), tgt_in.astype(np.int64), strict=True):
+            i = self.rows.get(s.tobytes())
+            want = None if i is None else self.tgt[i, :-1]
+            if want is None or want.shape != t.shape or not np.array_equal(want, t):
+                raise Failure(
+                    f"update {self.step} trained on a row that is not one of the training rows "
+                    f"fit was given (src {s.tolist()}, tgt_in {t.tolist()}): fit must learn from "
+                    "its data"
+                )
+            found.append(i)
+        return np.asarray(found)
+
+    # --- the replay --------------------------------------------------------------------------
+    def judge(self, shown: Any) -> None:
+        """Check one segment's updates (the probe's `_Updates.take()`); Failure on the first that
+        is not an Adam step from the weights before it, on training rows, whose gradient (where
+        drawn) is the loss's."""
+        if not isinstance(shown, dict) or not isinstance(shown.get("records"), list):
+            raise Failure("the learning run's updates could not be read back")
+        records = shown["records"]
+        if self.weights is None:
+            before = shown.get("before")
+            if not isinstance(before, dict) or set(before) != set(self.initial):
+                raise Failure(
+                    "the first update's weights are not under the names the parent's weights were "
+                    "loaded by: fit's updates cannot be followed"
+                )
+            for k, w in self.initial.items():
+                if np.shape(before[k]) != w.shape or not np.array_equal(before[k], w):
+                    raise Failure(f"fit's first update did not start from the weights loaded ({k})")
+            self.weights = dict(self.initial)
+            self.keys = sorted(self.weights)
+            self.ends = np.cumsum([self.weights[k].size for k in self.keys])
+            self.flat = np.concatenate([self.weights[k].ravel() for k in self.keys])
+            self.m, self.v, self.m_abs = (np.zeros_like(self.flat) for _ in range(3))
+        draws = set(self.rng.permutation(len(records))[:SPOT_CHECKS].tolist())
+        for i, record in enumerate(records):
+            before = self.weights
+            self.step += 1
+            rows = [self.training_rows(b) for b in record.get("batches") or []]
+            if not rows:
+                raise Failure(
+                    f"update {self.step} read no training-mode forward pass of fit's data"
+                )
+            grads = self._replay(record)
+            if i in draws:
+                self.checked.append(check_gradient(before, grads, record, rows, self))
+
+    def _replay(self, record: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Replay one update from the weights before it (flat over every name: one Adam step on
+        one vector); the weights after it must lie within the rounding bound. Its gradients."""
+        assert self.weights is not None
+        grads, after = record.get("grads"), record.get("after")
+        if not (isinstance(grads, dict) and isinstance(after, dict)) or not (
+            set(grads) == set(self.weights) == set(after)
+        ):
+            raise Failure(f"update {self.step}: its gradients or weights are not under the names")
+        g = {k: np.asarray(grads[k], dtype=np.float64) for k in self.keys}
+        for k in self.keys:
+            if g[k].shape != self.weights[k].shape or np.shape(after[k]) != self.weights[k].shape:
+                raise Failure(f"update {self.step}: {k} changed shape")
+        flat_g = np.concatenate([g[k].ravel() for k in self.keys])
+        new = np.concatenate([np.asarray(after[k], dtype=np.float64).ravel() for k in self.keys])
+        rate = self.rate(self.step - 1) if callable(self.rate) else float(self.rate)
+        stepped, m, v = oracle.adam_step(
+            {"w": self.flat}, {"w": flat_g}, {"w": self.m}, {"w": self.v}, self.step, rate,
+            betas=BETAS, eps=ADAM_EPS,
+        )  # fmt: skip
+        want, self.m, self.v = stepped["w"], m["w"], v["w"]
+        self.m_abs = oracle.optim.first_moment(self.m_abs, np.abs(flat_g), BETAS[0])
+        bound = oracle.adam_step_bound(
+            self.m_abs, self.v, want, self.step, rate, BOUND_DTYPE, betas=BETAS, eps=ADAM_EPS
+        )
+        off = np.abs(new - want)
+        if not np.all(off <= bound):  # NaN fails too
+            j = int(np.argmax(np.where(off <= bound, -1.0, np.nan_to_num(off, nan=np.inf))))
+            k = self.keys[int(np.searchsorted(self.ends, j, side="right"))]
+            raise Failure(
+                f"update {self.step} is not Adam's step on the gradients it read: {k} (entry "
+                f"{j}) moved to {new[j]:.7g}, Adam's step from the weights before it gives "
+                f"{want[j]:.7g} (within {bound[j]:.2g}): the weights fit ends with must come "
+                "from its updates"
+            )
+        self.flat = new
+        self.weights = {
+            k: new[e - self.weights[k].size : e].reshape(self.weights[k].shape)
+            for k, e in zip(self.keys, self.ends, strict=True)
+        }
+        return g
+
+
+def check_gradient(
+    weights: dict[str, np.ndarray],
+    grads: dict[str, np.ndarray],
+    record: dict[str, Any],
+    rows: list[np.ndarray],
+    run: Updates,
+) -> str:
+    """One drawn update's gradient against the oracle on the weights before it and its rows.
+
+    Held exactly ("oracle") when the gradient is the oracle's backward pass of the update's own
+    dL/dlogits, up to one positive factor (a clipped gradient), and that dL/dlogits is a
+    label-smoothed cross-entropy's of the oracle's logits on the rows' own targets (one weight
+    and one smoothing for every position it counts, every real target counted: the contract's
+    loss, or one that also counts pad targets). A model whose training-mode forward pass is not
+    the oracle's cannot hold it (dropout left on: c01; the golden and dropout tests charge it):
+    its gradient must then be close ("close": a descent direction of the oracle's gradient of
+    the contract's loss, its norm at most FALLBACK_NORM times it)."""
+    cfg = run.cfg
+    batches = record["batches"]
+    src = np.concatenate([np.asarray(b["src"], dtype=np.int64) for b in batches])
+    tgt_in = np.concatenate([np.asarray(b["tgt_in"], dtype=np.int64) for b in batches])
+    dz = np.concatenate([np.asarray(b["dlogits"], dtype=np.float64) for b in batches])
+    tgt_out = run.tgt[np.concatenate(rows), 1:]
+    params, stands = untied_params(weights, cfg, f"the weights before update {run.step}")
+    z, _, dz_star, enc, dec = forward_for_grads(
+        params, src, tgt_in, tgt_out, src != PAD, tgt_in != PAD, 0.1, PAD
+    )
+    shared = _groups(weights, grads)
+    if dz.shape == z.shape and np.all(np.isfinite(dz)) and _loss_gradient(z, dz, tgt_out):
+        own, _ = backward(params, dz, enc, dec)
+        want = _by_key(own, stands, shared, grads)
+        if _within(grads, want):
+            return "oracle"
+    enc, dec = forward_for_grads(params, src, tgt_in, tgt_out, src != PAD, tgt_in != PAD, 0.1, PAD)[
+        3:
+    ]
+    star, _ = backward(params, dz_star, enc, dec)
+    want = _by_key(star, stands, shared, grads)
+    keys = sorted(grads)
+    got_v = np.concatenate([grads[k].ravel() for k in keys])
+    want_v = np.concatenate([want[k].ravel() for k in keys])
+    norm_g, norm_w = float(np.linalg.norm(got_v)), float(np.linalg.norm(want_v))
+    cos = float(got_v @ want_v) / (norm_g * norm_w) if norm_g and norm_w else 0.0
+    if cos > FALLBACK_COS and norm_g <= FALLBACK_NORM * norm_w:
+        return f"close (cosine {cos:.3f}, norm {norm_g / norm_w:.3f})"
+    raise Failure(
+        f"update {run.step} (checked at random) read gradients that are not the loss's on its "
+        f"rows at its weights: neither the oracle's backward pass of its own dL/dlogits nor "
+        f"near the oracle's gradient (cosine {cos:.3f}, norm {norm_g / max(norm_w, 1e-300):.3g} "
+        f"times; above {FALLBACK_COS} and at most {FALLBACK_NORM} needed): fit's weights must "
+        "come from the gradients of its data"
+    )
+
+
+# The weaker check, for a model whose training-mode forward pass is not the oracle's (the only
+# one met: attention dropout at a fixed rate of 0.1 with the config's 0, c01; its gradients'
+# cosine with the oracle's fell from 0.99 to 0.31 and their norm ranged over 0.57-2.08 times the
+# oracle's over 300 updates, all checked, as the loss and so the true gradient shrank): the
+# gradient must be a descent direction of the oracle's loss on the rows (a positive cosine) and
+# at most FALLBACK_NORM times its norm (no spike that fills Adam's moments).
+FALLBACK_COS, FALLBACK_NORM = 0.0, 4.0
+
+
+def _groups(weights: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> dict[str, list[str]]:
+    """Names whose weights and gradients are the same tensor's (a tied table listed under each of
+    its names): the subject's gradient of each is the sum of the oracle's over the group."""
+    out: dict[str, list[str]] = {}
+    keys = sorted(weights)
+    for k in keys:
+        out[k] = [
+            j
+            for j in keys
+            if weights[j].shape == weights[k].shape
+            and np.array_equal(weights[j], weights[k])
+            and np.array_equal(grads[j], grads[k])
+        ]
+    return out
+
+
+def _by_key(
+    oracle_grads: dict[str, np.ndarray],
+    stands: dict[str, str],
+    shared: dict[str, list[str]],
+    grads: dict[str, np.ndarray],
+) -> dict[str, np.ndarray]:
+    """The oracle's gradient for each of the subject's names: a name's own use plus those its
+    table stands for, summed over the names that are one tensor."""
+    uses: dict[str, list[str]] = {k: [k] for k in grads}
+    for table, listed in stands.items():
+        uses.setdefault(listed, [listed]).append(table)
+    out = {}
+    for k in grads:
+        total = np.zeros(np.shape(grads[k]))
+        for j in shared.get(k, [k]):
+            for name in uses.get(j, [j]):
+                if name in oracle_grads and np.shape(oracle_grads[name]) == total.shape:
+                    total = total + oracle_grads[name]
+        out[k] = total
+    return out
+
+
+def _within(grads: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> bool:
+    keys = sorted(grads)
+    got_v = np.concatenate([grads[k].ravel() for k in keys])
+    want_v = np.concatenate([want[k].ravel() for k in keys])
+    denom = float(want_v @ want_v)
+    if not denom or not np.all(np.isfinite(got_v)):
+        return False
+    s = float(got_v @ want_v) / denom  # one positive factor: a clipped gradient
+    if not s > 0:
+        return False
+    floor = GRAD_GLOBAL * s * float(np.abs(want_v).max())
+    for k in keys:
+        w = s * want[k]
+        tol = GRAD_REL * np.abs(w) + GRAD_FLOOR * np.abs(w).max(initial=0) + floor
+        if not np.all(np.abs(grads[k] - w) <= tol):
+            return False
+    return True
+
+
+def _loss_gradient(z: np.ndarray, dz: np.ndarray, tgt_out: np.ndarray) -> bool:
+    """dz = w (softmax(z) - (1 - e) onehot(t) - e / V) at every counted position, one w > 0 and
+    one e in [0, MAX_SMOOTHING] for all, every real target counted, pad targets all or none."""
+    V = z.shape[-1]
+    p = np.exp(z - z.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    onehot = np.zeros_like(p)
+    np.put_along_axis(onehot, tgt_out[..., None], 1.0, axis=-1)
+    real = tgt_out != PAD
+    # dz = a (p - onehot) + b (onehot - 1/V), a = w, b = w e: least squares on the real rows
+    x1, x2 = (p - onehot)[real].ravel(), (onehot - 1.0 / V)[real].ravel()
+    a, b = np.linalg.lstsq(np.stack([x1, x2], axis=1), dz[real].ravel(), rcond=None)[0]
+    if not (a > 0 and -DLOGITS_TOL * a <= b <= MAX_SMOOTHING * a):
+        return False
+    fit = a * (p - onehot) + b * (onehot - 1.0 / V)
+    tol = DLOGITS_TOL * a
+    if not np.all(np.abs(dz[real] - fit[real]) <= tol):
+        return False
+    pads = dz[~real]
+    return bool(np.all(np.abs(pads) <= tol) or np.all(np.abs(pads - fit[~real]) <= tol))
