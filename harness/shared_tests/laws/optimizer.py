@@ -73,7 +73,10 @@ def _adam_like(
     """A replay of an Adam variant (for naming what a failing optimizer looks like)."""
 
     def run(start: dict, grads: list[dict], rates: list[float]) -> list[dict[str, np.ndarray]]:
-        p, m, v, vmax, t, out = dict(start), {}, {}, {}, 0, []
+        p, t, out = dict(start), 0, []
+        m: dict[str, np.ndarray] = {}
+        v: dict[str, np.ndarray] = {}
+        vmax: dict[str, np.ndarray] = {}
         for rate, g in zip(rates, grads, strict=True):
             for _ in range(repeats):
                 t += 1
@@ -113,7 +116,10 @@ def replay(
     start: dict[str, np.ndarray], grads: list[dict], rates: list[float], dtype: str
 ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, np.ndarray]]]:
     """The oracle's parameters after each update, and each entry's bound after it."""
-    p, m, v, a = dict(start), {}, {}, {}
+    p = dict(start)
+    m: dict[str, np.ndarray] = {}
+    v: dict[str, np.ndarray] = {}
+    a: dict[str, np.ndarray] = {}
     bound = {k: np.zeros(np.shape(x)) for k, x in start.items()}
     params, bounds = [], []
     for step, (rate, g) in enumerate(zip(rates, grads, strict=True), start=1):
