@@ -167,12 +167,16 @@ class Updates:
         off = np.abs(new - want)
         if not np.all(off <= bound):  # NaN fails too
             j = int(np.argmax(np.where(off <= bound, -1.0, np.nan_to_num(off, nan=np.inf))))
-            k = self.keys[int(np.searchsorted(self.ends, j, side="right"))]
+            at = int(np.searchsorted(self.ends, j, side="right"))
+            k = self.keys[at]
+            i = np.unravel_index(
+                j - int(self.ends[at]) + self.weights[k].size, self.weights[k].shape
+            )
             raise Failure(
-                f"update {self.step} is not Adam's step on the gradients it read: {k} (entry "
-                f"{j}) moved to {new[j]:.7g}, Adam's step from the weights before it gives "
-                f"{want[j]:.7g} (within {bound[j]:.2g}): the weights fit ends with must come "
-                "from its updates"
+                f"update {self.step} is not Adam's step on the gradients it read: {k}"
+                f"{[int(x) for x in i]} moved to {new[j]:.7g}, Adam's step from the weights "
+                f"before it gives {want[j]:.7g} (within {bound[j]:.2g}): the weights fit ends "
+                "with must come from its updates"
             )
         self.flat = new
         self.weights = {

@@ -118,3 +118,26 @@ def test_weights_not_learned_from_the_given_data_fail_the_learning_test(folder):
     # its first step, on other rows of the same kind, may pass for Adam's on the given batch;
     # its weights cannot pass for having learned the secret instance
     assert "not Adam's step" in message or "held-out loss" in message, message
+
+
+# Issue 34: the learning test judges weights whose every update the parent replayed (Adam from
+# its own initial weights on its own training rows, gradients checked at secret updates). A
+# relabelled checkpoint loaded after one honest update, and training on the held-out sums a fit
+# can list for itself, each fail with what they did; the correct example still learns.
+LEARNING_ATTACKS = {
+    "verdict_relabelled_checkpoint": "update 2 is not Adam's step",
+    "verdict_lists_test_sums": "not one of the training rows fit was given",
+}
+
+
+def test_the_correct_example_passes_the_learning_test(folder):
+    got = outcomes(submission(folder, None, CORRECT_EXAMPLE), LEARNING)
+    assert all(o is Outcome.PASSED for o, _ in got.values()), got
+
+
+@pytest.mark.parametrize("name", sorted(LEARNING_ATTACKS))
+def test_a_fit_that_does_not_learn_from_its_updates_fails_the_learning_test(folder, name):
+    got = outcomes(submission(folder, name), LEARNING)
+    outcome, message = got["test_learns_reversed_addition"]
+    assert outcome is Outcome.KILLED, message
+    assert LEARNING_ATTACKS[name] in message, message
