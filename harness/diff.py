@@ -146,8 +146,8 @@ def _alike(a: Unit, b: Unit) -> float:
 
 def _named_alike(a: Unit, b: Unit) -> float:
     """How alike two names are, case and underscores aside (_beam_search, beam_search: 1)."""
-    bare = [u.name.lower().replace("_", "") for u in (a, b)]
-    return difflib.SequenceMatcher(None, *bare).ratio()
+    left, right = (u.name.lower().replace("_", "") for u in (a, b))
+    return difflib.SequenceMatcher(None, left, right).ratio()
 
 
 @dataclass
