@@ -394,8 +394,7 @@ def check_round_trip(label: str, r: dict) -> None:
 
 @law(
     "test_beam_search_matches_oracle",
-    "translate equals the pinned beam search for beams 1-4 and length penalties 0, 1, 2 "
-    "(on a model given the parent's weights directly: no save/load)",
+    "translate equals the pinned beam search for beams 1-4 and length penalties 0, 1, 2",
     timeout=30.0,
     points=6,
 )
