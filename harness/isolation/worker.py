@@ -50,9 +50,11 @@ STREAM_REPLY = wire.Limits(
 )
 REPLY_LIMITS: dict[str, wire.Limits] = {}  # a probe's own caps, where CALL_REPLY's are too small
 # The grader's own peak memory (RSS) in a `grade-batch --jobs 2`, whatever its workers write:
-# each worker's frame costs at most CALL_REPLY.cost() (88 MiB) to read and decode, on top of
-# the grader's own working set. Measured by tests/harness_tests/test_hostile_wire.py.
-GRADER_PEAK = 512 << 20
+# its own working set (100 MiB measured for a batch of correct submissions) plus, for each
+# worker whose frame it reads at once, at most CALL_REPLY.cost() (88 MiB). Measured by
+# tests/harness_tests/test_hostile_wire.py: 267 MiB under its forged frames and decoding bombs
+# (the old caps let one frame take it to 2.9 GB).
+GRADER_PEAK = 384 << 20
 
 # Loading takes ~0.1 s from the fork server and ~4 s in a fresh sandbox (torch's imports); 60 s
 # leaves room for a loaded machine without letting a hang at import stall the run for long.
