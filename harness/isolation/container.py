@@ -18,9 +18,11 @@ What it gives, per worker:
   autograder's setup.sh makes them so: /autograder is 0700);
 - the worker sets its rlimits itself (harness.isolation.child.confine), as in the sandbox;
   RLIMIT_NPROC counts every process of USER;
-- killing a worker kills every process of USER (kill(-1) as USER, which the kernel makes atomic
-  against fork), until /proc shows none running: a setsid daemon is gone before any report is
-  written (grade() sweeps once more at its end).
+- killing a worker kills every process of USER from root, until /proc shows none running
+  (sweep(): SIGKILL to each, which reaches a stopped process too, and kill(-1) from a helper no
+  process of USER can stop or signal, atomic against fork): a setsid daemon is gone before any
+  report is written (grade() sweeps once more at its end); a sweep never raises, and what
+  survives it is said in the grade's report.
 
 - where the container lets root make cgroups, each worker runs in one of its own
   (harness.isolation.cgroups: memory of every kind and processes); where it does not, every
@@ -36,10 +38,12 @@ would share USER and kill each other's workers.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
@@ -205,6 +209,7 @@ class _Contained:
         self.proc, self.pid = proc, proc.pid
         self.who, self.code, self.home = who, code, home
         self.accounted = accounted
+        self.swept = ""  # what the last sweep could not kill ("" when nothing)
 
     def wait(self, timeout: float) -> int | None:
         try:
@@ -215,8 +220,10 @@ class _Contained:
         return code
 
     def kill(self) -> None:
+        """Never raises: what a sweep could not kill is said by the grade's final sweep
+        (harness.jobs.grade), which meets it again."""
         kill_group(self.pid, reaped=self.proc.returncode is not None)
-        sweep(self.who, self.code.interpreter)
+        self.swept = sweep(self.who, self.code.interpreter)
 
     def release(self) -> None:
         self.accounted.release()
@@ -283,11 +290,7 @@ def running(uid: int) -> list[tuple[int, str]]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:  # gone meanwhile
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        fields = _status(int(entry))
         uids = fields.get("Uid", "").split()[:2]
         state = fields.get("State", "").split()
         if str(uid) in uids and state[:1] != ["Z"]:
@@ -295,29 +298,121 @@ def running(uid: int) -> list[tuple[int, str]]:
     return found
 
 
-def sweep(who: Account, interpreter: str, patience: float = 10.0) -> None:
-    """Kill every process of `who` and wait until /proc shows none running: kill(-1, SIGKILL)
-    from a process of the user's own, which reaches all of the user's processes at once (a fork
-    racing it fails); ContainerUnavailable if some survive `patience` seconds."""
-    deadline = time.monotonic() + patience
-    while running(who.uid):
-        subprocess.run(
-            [interpreter, "-I", "-S", "-c", "import os, signal; os.kill(-1, signal.SIGKILL)"],
-            user=who.uid,
-            group=who.gid,
-            extra_groups=[],
+def _status(pid: int) -> dict[str, str]:
+    """/proc/PID/status as fields ({} if the process is gone)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:  # gone meanwhile
+        return {}
+    return dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+
+
+def _kill_if_theirs(pid: int, uid: int) -> None:
+    """SIGKILL `pid` from root if it is still a process of `uid`: through a pidfd opened before
+    the check, so a pid reused meanwhile by anyone else's process is never signalled."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:  # gone, or a kernel without pidfds (before 5.3): the pid itself
+        if str(uid) in _status(pid).get("Uid", "").split()[:2]:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return
+    try:
+        if str(uid) in _status(pid).get("Uid", "").split()[:2]:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)
+
+
+# kill(-1, SIGKILL) with the user's effective uid but a real and saved uid of nobody's (`bystander`,
+# a uid no process runs as): it reaches every process whose real or saved uid is the user's in one
+# step the kernel makes atomic against fork (a process that forks and exits in a loop is caught),
+# and no process of the user may signal, trace or stop it (the kernel lets a process signal
+# another only where its real or effective uid is the other's real or saved uid). Root's own
+# processes are out of its reach: none has the bystander's or the user's uid.
+_KILL_ALL = """
+import os, signal, sys
+user, group, bystander = (int(a) for a in sys.argv[1:4])
+os.setgroups([])
+os.setresgid(group, group, group)
+os.setresuid(bystander, user, bystander)
+try:
+    os.kill(-1, signal.SIGKILL)
+except ProcessLookupError:  # nothing left to kill
+    pass
+"""
+
+
+def _bystander(who: Account) -> int | None:
+    """A uid no process runs as and no account names (from 65533 down), or None."""
+    used = {who.uid}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            used.update(int(u) for u in _status(int(entry)).get("Uid", "").split())
+    with contextlib.suppress(OSError):
+        used.update(entry.pw_uid for entry in pwd.getpwall())
+    return next((u for u in range(65533, 1000, -1) if u not in used), None)
+
+
+def _kill_all(who: Account, interpreter: str) -> str:
+    """kill(-1) as described at _KILL_ALL, from a helper started as root; "" if it ran, else why
+    not (the sweep goes on from root alone)."""
+    bystander = _bystander(who)
+    if bystander is None:
+        return "no free uid for the kill(-1) helper"
+    argv = [str(who.uid), str(who.gid), str(bystander)]
+    try:
+        done = subprocess.run(
+            [interpreter, "-I", "-S", "-c", _KILL_ALL, *argv],
             env={},
             cwd="/",
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=patience,
+            stderr=subprocess.PIPE,
+            timeout=5,
         )
-        if time.monotonic() > deadline:
-            left = running(who.uid)
-            if left:
-                raise ContainerUnavailable(f"processes of {who.name} survive SIGKILL: {left}")
-        time.sleep(0.02)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"the kill(-1) helper did not run: {type(e).__name__}: {e}"
+    if done.returncode != 0:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()
+        return f"the kill(-1) helper failed: {(tail or ['no output'])[-1][:200]}"
+    return ""
+
+
+def sweep(who: Account, interpreter: str, patience: float = 10.0) -> str:
+    """Kill every process of `who` from root and wait until /proc shows none running; "" when
+    none is left, else what survives and why: said in the report, never raised (a worker's
+    close and a grade's end call it). Each round: kill(-1) from a helper the user can neither
+    stop nor signal (_KILL_ALL), then SIGKILL from root to every process /proc shows of the
+    user's (a stopped one too: SIGKILL reaches it), until none is left or `patience` runs out."""
+    deadline = time.monotonic() + patience
+    helper = ""
+    try:
+        while left := running(who.uid):
+            if time.monotonic() > deadline:
+                said = ", ".join(f"{pid} {name}" for pid, name in left[:8])
+                return (
+                    f"SWEEP FAILED: {len(left)} processes of {who.name} survived {patience:g} s "
+                    f"of SIGKILL from root: {said}" + (f" ({helper})" if helper else "")
+                )
+            helper = _kill_all(who, interpreter)
+            for pid, _ in running(who.uid):
+                _kill_if_theirs(pid, who.uid)
+            time.sleep(0.01)
+    except Exception as e:  # the sweep's own failure: said, never raised
+        return f"SWEEP FAILED: the sweep of {who.name}'s processes broke: {type(e).__name__}: {e}"
+    return ""
+
+
+def sweep_user(interpreter: str, user: str = USER, patience: float = 10.0) -> str:
+    """sweep() of the container tier's user at a grade's end; "" or what went wrong, never
+    raised."""
+    try:
+        who = account(user)
+    except ContainerUnavailable as e:
+        return f"SWEEP FAILED: {e}"
+    return sweep(who, interpreter, patience)
 
 
 # --- the trial: every property above, shown by a worker of the user ----------------------------
@@ -397,10 +492,12 @@ def check(code: Code, hidden: Sequence[Path] = (), user: str = USER) -> None:
         except (OSError, subprocess.TimeoutExpired) as e:
             raise ContainerUnavailable(f"the trial worker did not run: {e}") from None
         finally:
-            sweep(who, code.interpreter)
+            left = sweep(who, code.interpreter)
             shutil.rmtree(home, ignore_errors=True)
             if trial:
                 trial.remove()
+        if left:
+            raise ContainerUnavailable(f"after the trial worker: {left}")
         if not counted:  # the kernel charged nothing to its group: the limits would not hold
             raise ContainerUnavailable("the trial worker's memory was not counted in its cgroup")
         if done.returncode != 0 or "container ok" not in done.stdout:

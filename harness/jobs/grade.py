@@ -212,7 +212,9 @@ def grade(
                 found = _diagnose(launch(subject)) if failed else {}
             finally:
                 if isolation == CONTAINER_TIER and not unsafe:  # nothing of the user survives
-                    container.sweep(container.account(), os.path.realpath(sys.executable))
+                    # never raises: what survives is said in every report of the grade
+                    if left := container.sweep_user(os.path.realpath(sys.executable)):
+                        mode = f"{mode}; {left}"
     except UnsafeInput as e:
         reason = f"rejected: {e}"
         results = failing(reason)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
-from harness.options import UNSAFE
+from harness.options import CONTAINER, SANDBOX
 from harness.records import Grade
 
 NOT_GRADED = (
@@ -84,7 +84,8 @@ def gradescope(
     return {
         "score": g.score,
         "execution_time": round(g.seconds, 2),
-        "output": _summary(g) + ("" if g.isolation != UNSAFE else f"\n{g.isolation}"),
+        # the isolation whenever it is not plainly a tier's: UNSAFE, LIMITS MISSING, SWEEP FAILED
+        "output": _summary(g) + ("" if g.isolation in (SANDBOX, CONTAINER) else f"\n{g.isolation}"),
         "output_format": "text",
         "visibility": visibility,
         "stdout_visibility": stdout_visibility,
