@@ -139,13 +139,13 @@ def sweep(
                             found.alarms.append(alarm)
                 found.grade_draws[dtype] = found.grade_draws.get(dtype, 0) + len(subjects)
                 if progress:
-                    n = sum(1 for a in found.alarms if a.dtype == dtype and a.draw == draw)
-                    print(
-                        f"{dtype} draw {draw}: {len(subjects)} grades, {n} false alarms, "
+                    these = [a for a in found.alarms if a.dtype == dtype and a.draw == draw]
+                    lines = [
+                        f"{dtype} draw {draw}: {len(subjects)} grades, {len(these)} false alarms, "
                         f"{run.wall_seconds:.0f} s",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+                        *(f"  {a.subject} {a.test}: {a.message[:300]}" for a in these),
+                    ]
+                    print("\n".join(lines), file=sys.stderr, flush=True)
             found.seconds[dtype] = time.monotonic() - begun
     finally:
         set_run_dtype(None)
