@@ -105,6 +105,7 @@ class Score:
     invalid: str  # why the suite scores nothing, if it does
     module_name: str
     reuse: str = ""  # with --incremental: how many subjects' runs came from the cache
+    isolation: str = ""  # how the subjects' workers ran, and which limit is missing (every report)
 
     @property
     def killed(self) -> list[str]:

@@ -27,6 +27,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
+from harness.isolation.staging import (
+    MAX_BYTES,
+    MAX_ENTRIES,
+    UnsafeInput,
+    open_regular,
+    read_capped,
+    size_problem,
+)
+
 R = TypeVar("R")
 Done = Callable[[int, Any], None]  # done(index, result) as each unit finishes
 
@@ -125,36 +134,58 @@ class ClusterProblem(RuntimeError):
 
 # --- files as plain data ------------------------------------------------------------------------
 
-# What one shipped file tree may weigh: a submission or a student suite is kilobytes.
-MAX_SHIPPED = 64 << 20
+# What one shipped file tree may weigh and hold: staging's own caps (a submission or a student
+# suite is kilobytes), so that what can be shipped can be staged and the reverse.
+MAX_SHIPPED = MAX_BYTES
 
 
 class TooLarge(ValueError):
-    """A tree over MAX_SHIPPED bytes."""
+    """A tree over MAX_SHIPPED bytes or MAX_ENTRIES files and folders."""
 
 
 def pack(path: Path) -> dict[str, Any]:
     """A file or folder as plain data, links and special files kept as what they are (never
-    followed), so that the receiving side stages and refuses exactly what this side would."""
-    total = 0
+    followed, never opened), so that the receiving side stages and refuses exactly what this
+    side would. Every entry is looked at with lstat and counted before anything of it is read: a
+    file's apparent size is checked against what is left of MAX_SHIPPED first (a huge sparse file
+    is refused unread), then read within that cap (it cannot grow past it meanwhile); a folder's
+    entries are counted as they are listed (TooLarge past MAX_ENTRIES, no huge list held).
+    UnsafeInput if a file was replaced between its lstat and its opening."""
+    left = [MAX_SHIPPED, MAX_ENTRIES]  # bytes, entries
 
-    def one(p: Path) -> dict[str, Any]:
-        nonlocal total
-        mode = os.lstat(p).st_mode
-        if stat.S_ISLNK(mode):
+    def count(where: str) -> None:
+        left[1] -= 1
+        if left[1] < 0:
+            raise TooLarge(f"{path} holds more than {MAX_ENTRIES} files and folders (at {where})")
+
+    def one(p: Path, where: str) -> dict[str, Any]:
+        info = os.lstat(p)
+        if stat.S_ISLNK(info.st_mode):
             return {"link": os.readlink(p)}
-        if stat.S_ISREG(mode):
-            data = p.read_bytes()
-            total += len(data)
-            if total > MAX_SHIPPED:
-                raise TooLarge(f"{path} holds over {MAX_SHIPPED >> 20} MiB")
+        if stat.S_ISREG(info.st_mode):
+            if problem := size_problem(info.st_size, where, left[0]):
+                raise TooLarge(problem)
+            fd = open_regular(p, where, info)  # UnsafeInput if it was swapped meanwhile
+            try:
+                data = read_capped(fd, left[0], where)
+            except UnsafeInput as e:  # it grew past the cap while being read
+                raise TooLarge(str(e)) from None
+            finally:
+                os.close(fd)
+            left[0] -= len(data)
             return {"file": data}
-        if stat.S_ISDIR(mode):
-            entries = sorted(os.scandir(p), key=lambda e: e.name)
-            return {"dir": {e.name: one(Path(e.path)) for e in entries if e.name != "__pycache__"}}
+        if stat.S_ISDIR(info.st_mode):
+            names = []
+            with os.scandir(p) as found:
+                for entry in found:
+                    if entry.name != "__pycache__":
+                        count(f"{where}/{entry.name}")
+                        names.append(entry.name)
+            return {"dir": {name: one(p / name, f"{where}/{name}") for name in sorted(names)}}
         return {"special": True}
 
-    return one(path)
+    count(path.name)
+    return one(path, path.name)
 
 
 def unpack(tree: dict[str, Any], path: Path) -> None:

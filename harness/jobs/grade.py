@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import stat
 import sys
 import tempfile
 import threading
@@ -38,6 +39,7 @@ from harness.isolation.sandbox import (
     staged,
     starter,
 )
+from harness.isolation.staging import MAX_BYTES, MAX_ENTRIES, kind_problem, size_problem
 from harness.isolation.static_check import check_submission
 from harness.isolation.worker import (
     LOAD_TIMEOUT,
@@ -103,7 +105,8 @@ def submitted(path: Path) -> Path:
         return path
     if (path / "transformer.py").is_file():
         return path / "transformer.py"
-    modules = sorted(p for p in path.glob("*.py") if p.is_file())
+    names = _listing(path) or []  # past the cap: the folder itself, which rejection() refuses
+    modules = [path / n for n in names if n.endswith(".py") and (path / n).is_file()]
     return modules[0] if len(modules) == 1 else path
 
 
@@ -125,16 +128,58 @@ def staging(main: Path, folder: Path | None) -> dict[str, Path]:
     return {p.name: p for p in entries if p.name != "__pycache__"}
 
 
+def _listing(folder: Path) -> list[str] | None:
+    """The names in `folder`, sorted; None past staging's MAX_ENTRIES (listed no further)."""
+    names: list[str] = []
+    with os.scandir(folder) as found:
+        for entry in found:
+            names.append(entry.name)
+            if len(names) > MAX_ENTRIES:
+                return None
+    return sorted(names)
+
+
+def _tree_problem(top: Path) -> str:
+    """Why staging would refuse `top`, found with lstat and counting alone, before a byte of it is
+    read: a link or special file, more entries than MAX_ENTRIES, more bytes (apparent sizes: a
+    sparse file is not read) than MAX_BYTES; "" if none."""
+    entries, left = 0, MAX_BYTES
+    todo = [(top, "")]  # each entry named as staging names it: relative to a folder
+    while todo:
+        here, where = todo.pop()
+        info = os.lstat(here)
+        if problem := kind_problem(info.st_mode, where or top.name):
+            return problem
+        if not stat.S_ISDIR(info.st_mode):
+            if problem := size_problem(info.st_size, where or top.name, left):
+                return problem
+            left -= info.st_size
+            continue
+        names = _listing(here)
+        names = None if names is None else [n for n in names if n != "__pycache__"]
+        entries += len(names) if names is not None else MAX_ENTRIES + 1
+        if names is None or entries > MAX_ENTRIES:
+            return f"the submission holds more than {MAX_ENTRIES} files and folders: submit source"
+        todo += [(here / n, f"{where}/{n}" if where else n) for n in reversed(names)]
+    return ""
+
+
 def rejection(path: Path, folder: Path | None = None) -> str:
     """Why `path` cannot be graded at all, in the student's terms; "" if it can be run. With
-    `folder` (the student's folder `path` was found in), every .py file in it is checked."""
-    if not path.exists() and not path.is_symlink():
+    `folder` (the student's folder `path` was found in), every .py file in it is checked. Every
+    entry is looked at with lstat and counted (staging's checks and caps) before any is read."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
         return f"{path} does not exist"
-    if path.is_symlink():
+    except OSError as e:
+        return f"{path} could not be read: {e.strerror or e}"
+    if stat.S_ISLNK(info.st_mode):
         return f"{path} is a symbolic link, not a submission"
-    if path.is_dir():
+    if stat.S_ISDIR(info.st_mode):
         if not (path / "__init__.py").is_file():
-            found = sorted(p.name for p in path.iterdir())[:8]
+            names = _listing(path)
+            found = names[:8] if names is not None else f"more than {MAX_ENTRIES} entries"
             return (
                 f"{path} is a folder without __init__.py and holds neither transformer.py nor "
                 f"exactly one .py file (it holds {found}): submit transformer.py, or a package "
@@ -142,6 +187,11 @@ def rejection(path: Path, folder: Path | None = None) -> str:
             )
     elif path.suffix != ".py":
         return f"{path} is not a .py file"
+    try:
+        if problem := _tree_problem(folder if folder is not None else path):
+            return f"rejected: {problem}"
+    except OSError as e:
+        return f"{path} could not be read: {e.strerror or e}"
     try:
         problems = check_submission(folder if folder is not None else path)
     except OSError as e:
@@ -494,7 +544,7 @@ def _grade_unit(
             raise ValueError(f"only the registered shared tests run on a cluster, not {strays}")
         try:
             files = work.pack(path)
-        except (OSError, work.TooLarge) as e:
+        except (OSError, work.TooLarge, UnsafeInput) as e:  # UnsafeInput: swapped meanwhile
             files = {"unreadable": f"{type(e).__name__}: {e}"}
         return {
             "draw": draw_secret(),  # every grade of a batch judges on the same draws

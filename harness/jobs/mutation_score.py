@@ -48,6 +48,8 @@ from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput, stage
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout, printable
 from harness.jobs.disguise import disguise
 from harness.options import (
+    SANDBOX,
+    UNSAFE,
     add_isolation,
     isolation_problem,
     positive,
@@ -344,6 +346,9 @@ def mutation_score(
             honest = first_kill_tests(runs, correct)
             stops.update({s.name: honest for s in mutants if is_generated(s)})
     score = _score(subs, runs, module_name, time_limit, time.monotonic() - started)
+    score.isolation = UNSAFE if unsafe else SANDBOX  # said in every report, as a grade's
+    if not unsafe and (missing := sandbox.limits_problem()):
+        score.isolation = f"{SANDBOX}; {missing}"
     if store is not None:
         score.reuse = f"incremental: {len(kept)} of {len(subs)} subjects' runs reused"
     return score

@@ -8,16 +8,28 @@ the grade has finished, and every worker is gone, before any of these runs.
 from __future__ import annotations
 
 import hashlib
+import os
+import stat
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
 
+from harness.isolation.staging import (
+    MAX_BYTES,
+    MAX_ENTRIES,
+    UnsafeInput,
+    kind_problem,
+    open_regular,
+    size_problem,
+)
 from harness.isolation.worker import printable
 from harness.options import SANDBOX
 from harness.outcomes import Outcome
 from harness.records import Grade
 
 # JUnit's element for an outcome that is not a pass (a crash and a hang are errors, not failures)
+_CHUNK = 1 << 20  # what one read of a hashed file holds
+
 _JUNIT = {
     Outcome.KILLED: "failure",
     Outcome.ERROR: "error",
@@ -57,28 +69,82 @@ def text(g: Grade) -> str:
 
 
 def sha256_of(path: str | Path) -> str:
-    """The submission's sha256 (hex): a file's bytes, or a folder's files (each relative path
-    and its bytes, in sorted order, caches aside); "" if it cannot be read."""
+    """The submission's sha256 (hex): a file's bytes, or a folder's regular files (each relative
+    path and its bytes, in sorted order, caches aside); "" if it cannot be read or is past the
+    staging caps (hashed() says why)."""
+    return hashed(path)[0]
+
+
+def hashed(path: str | Path) -> tuple[str, str]:
+    """(sha256_of's digest, what it left out and why: "" when nothing). Nothing is followed or
+    opened but regular files and folders (lstat first, as staging does: a link, a named pipe, a
+    socket or a device is skipped by name), each file read in chunks, and no more is read than
+    staging would copy (its MAX_BYTES, MAX_ENTRIES; a file's apparent size is checked before a
+    byte of it is read, so a huge sparse file costs nothing): a report's hash never costs the
+    grader more than staging the submission would."""
     path = Path(path)
     digest = hashlib.sha256()
+    skipped: list[str] = []
+    left = [MAX_BYTES, MAX_ENTRIES]  # bytes, entries
+
+    def file_digest(file: Path, where: str, info: os.stat_result) -> bytes:
+        if problem := size_problem(info.st_size, where, left[0]):
+            raise UnsafeInput(problem)
+        one = hashlib.sha256()
+        fd = open_regular(file, where, info)
+        try:
+            while chunk := os.read(fd, min(_CHUNK, left[0] + 1)):
+                left[0] -= len(chunk)
+                if left[0] < 0:  # it grew past the cap while being read
+                    raise UnsafeInput(size_problem(MAX_BYTES - left[0], where, 0))
+                one.update(chunk)
+        finally:
+            os.close(fd)
+        return one.digest()
+
+    def walk(folder: Path, prefix: str) -> None:
+        with os.scandir(folder) as found:
+            names = []
+            for entry in found:
+                left[1] -= 1  # counted as listed: no huge list held
+                if left[1] < 0:
+                    raise UnsafeInput(f"the submission holds more than {MAX_ENTRIES} entries")
+                if entry.name != "__pycache__":
+                    names.append(entry.name)
+        for name in sorted(names):
+            where = f"{prefix}{name}"
+            info = os.lstat(folder / name)
+            if stat.S_ISDIR(info.st_mode):
+                walk(folder / name, f"{where}/")
+            elif problem := kind_problem(info.st_mode, where):
+                skipped.append(problem)
+            else:
+                encoded = where.encode()
+                digest.update(len(encoded).to_bytes(8, "big") + encoded)
+                digest.update(file_digest(folder / name, where, info))
+
     try:
-        if not path.is_dir():
-            return hashlib.sha256(path.read_bytes()).hexdigest()
-        for file in sorted(p for p in path.rglob("*") if p.is_file()):
-            if "__pycache__" not in file.parts:
-                name = file.relative_to(path).as_posix().encode()
-                digest.update(len(name).to_bytes(8, "big") + name)
-                digest.update(hashlib.sha256(file.read_bytes()).digest())
-    except OSError:
-        return ""
-    return digest.hexdigest()
+        info = os.lstat(path)
+        if stat.S_ISDIR(info.st_mode):
+            walk(path, "")
+        elif problem := kind_problem(info.st_mode, path.name):
+            return "", f"not hashed: {problem}"
+        else:
+            return file_digest(path, path.name, info).hex(), ""
+    except UnsafeInput as e:
+        return "", f"not hashed: {e}"
+    except OSError as e:
+        return "", f"not hashed: {path} cannot be read ({e.strerror or e})"
+    return digest.hexdigest(), ("skipped: " + "; ".join(skipped)) if skipped else ""
 
 
 def to_json(g: Grade) -> dict[str, Any]:
     """The JSON report (`xfmr grade --json`): the totals first, then every test."""
+    digest, note = hashed(g.submission)
     return {
         "submission": g.submission,
-        "sha256": sha256_of(g.submission),  # what `xfmr diff --grade` matches the file by
+        "sha256": digest,  # what `xfmr diff --grade` matches the file by
+        "sha256_note": note,  # what the hash left out (links, special files, past the caps)
         "score": g.score,
         "max_score": g.max_score,
         "passed": g.passed,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis import PASS_SCORE, REQUIRED, Score
+from harness.options import SANDBOX
 from harness.outcomes import Outcome
 from harness.reports import matrix as reports
 from mutants import catalog, generated_catalog
@@ -108,8 +109,10 @@ def text(s: Score, tests_dir: str) -> str:
     lines = [
         f"Mutation score of {tests_dir} ({len(s.tests)} tests, subject imported as "
         f"{s.module_name} or the fixture `transformer`)",
-        "",
     ]
+    if s.isolation and s.isolation != SANDBOX:  # UNSAFE, a self-check, LIMITS MISSING
+        lines.append(s.isolation)
+    lines.append("")
     for name in ("impl", "torch_copy"):
         row = [s.run.cell(t, name).outcome for t in s.tests]
         counts = ", ".join(f"{row.count(o)} {o.value}" for o in Outcome if row.count(o))
@@ -173,6 +176,7 @@ def to_json(s: Score) -> dict[str, Any]:
         "score": s.score,
         "passed": s.passed,
         "invalid": s.invalid,
+        "isolation": s.isolation,
         "killed": s.killed,
         "mutants": {
             m: {
@@ -257,6 +261,7 @@ def gradescope(s: Score, generated_visibility: str = "visible") -> dict[str, Any
     summary = (
         f"Mutation score {s.score:.2f} ({len(s.killed)}/{len(catalog.PITFALLS)}): {verdict}"
         + (f"; INVALID: {s.invalid}" if s.invalid else "")
+        + (f"\n{s.isolation}" if s.isolation and s.isolation != SANDBOX else "")
     )
     return {
         "score": float(len(s.killed)) if not s.invalid else 0.0,
@@ -278,4 +283,6 @@ def stryker(s: Score, tests_dir: str) -> dict[str, Any]:
     folder = Path(tests_dir).name  # relative paths only: the suite's own folder name
     data["testFiles"] = {f"{folder}/{f}": {"tests": ts} for f, ts in files.items()}
     data["framework"] = {"name": "xfmr mutation-score (pytest)"}
+    if s.isolation:
+        data["config"] = {"isolation": s.isolation}  # the schema's free-format object
     return data

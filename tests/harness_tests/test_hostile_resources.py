@@ -197,7 +197,8 @@ def test_the_static_check_never_opens_a_special_file_or_reads_a_huge_one(tmp_pat
         f"big.py does not parse (it is {1 << 30} bytes; the check parses a source "
         "file of at most 1 MiB)"
     ], found
-    assert "big.py does not parse" in said
+    # rejection() refuses it by its size before the static check reads anything
+    assert "big.py is 1073741824 bytes, past the cap of 64 MiB" in said, said
 
 
 def test_a_submission_past_the_file_count_is_refused(tmp_path):
