@@ -38,6 +38,7 @@ from harness.shared_tests.verdicts import readable
 from impl import torch_copy
 from impl import transformer as impl
 from oracle.error_bounds import forward_bounds
+from oracle.model import embed
 
 ROOT = Path(__file__).resolve().parents[2]
 REALWORLD = ROOT / "tests" / "harness_tests" / "realworld"
@@ -167,6 +168,13 @@ def run_subject(
                         seen[name] = out.double().numpy()
 
                 module.register_forward_hook(hook)
+            if name in X0_INPUTS:  # x0, the first layer's input: where a sum of two terms cancels
+
+                def pre_hook(_m: Any, args: Any, name: str = name) -> None:
+                    if args and isinstance(args[0], torch.Tensor):
+                        seen[X0_INPUTS[name]] = args[0].double().numpy()
+
+                module.register_forward_pre_hook(pre_hook)
     b = case.batch
     with torch.no_grad():
         logits = model(*(torch.tensor(b[k]) for k in ("src", "tgt_in", "src_mask", "tgt_mask")))
@@ -225,12 +233,24 @@ def gradient_ratios(
     return out
 
 
+# x0 = E[ids] sqrt(d) + PE as the first layer of each stack receives it, traced under these names
+X0_INPUTS = {"encoder.0": "x0 (source)", "decoder.0": "x0 (target)"}
+
+
 def ratios(case: Case, params: Any, logits: np.ndarray, seen: dict, dtype: str) -> dict[str, float]:
-    """The worst |subject - oracle| / bound over the real logits ('logits') and over each traced
-    boundary the subject exposes at real positions."""
+    """The worst |subject - oracle| / bound over the real logits ('logits'), over each traced
+    boundary the subject exposes at real positions and over x0 of each stack (oracle.bounded on
+    the oracle's embed, where the subject's first layers take it as their first argument)."""
     b = case.batch
     fb = forward_bounds(params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"], dtype)
     out = {"logits": _worst(logits, fb.logits, fb.bound, b["tgt_mask"])}
+    for name, table, ids, rows in (
+        ("x0 (source)", params.src_table, b["src"], b["src_mask"]),
+        ("x0 (target)", params.tgt_table, b["tgt_in"], b["tgt_mask"]),
+    ):
+        want, bound = oracle.bounded(embed, params, table, ids, dtype=dtype, rows=True)
+        if name in seen and seen[name].shape == want.shape:
+            out[name] = _worst(seen[name], want, bound, rows)
     S = b["src"].shape[1]
     for name, value in fb.trace.items():
         if name in seen and seen[name].shape == value.shape:
