@@ -16,8 +16,9 @@ The model of an honest implementation (Higham, "Accuracy and Stability", ch. 2-3
 - a sum or difference a + b is exact only for its operands as the subject holds them, and those
   are rounded at their own magnitudes: its error is u (|a| + |b|) (each operand's rounding, one
   sign) plus the result's u|a + b|, not u|a + b| alone, which vanishes where the sum cancels
-  (x0 = 0.056 from E[ids] sqrt(d) = 0.94 and PE = -0.88: a float64 subject is then 1-2 ulps of
-  the terms, 30 of the result, from the oracle). Every addition and subtraction of the model
+  and leaves an operand the model holds exact (the oracle's positional table) with no rounding
+  at all: a correct float64 x0 of 0.056 failed a bound of 2.1e-16 by one ulp of its terms
+  (issue 35). Every addition and subtraction of the model
   rounds so: the embedding + PE sum, residuals, bias adds, LayerNorm's mean subtraction,
   softmax's max subtraction, the loss's terms; reductions and matmuls already carry sum |t|;
 - inputs: weights that are not numbers of the dtype are rounded when loaded (u|w|; the shared
@@ -26,9 +27,11 @@ The model of an honest implementation (Higham, "Accuracy and Stability", ch. 2-3
   otherwise) by any of the contract's honest forms (p / 10000^(2i/d), p exp(-2i ln(10000) / d),
   ...: the angle a = p f within (3 |ln f| + 2) u_acc of itself, the exponent's three roundings
   scaled by |ln f| through the power), sin and cos within 2 u_acc, and rounded once to the dtype
-  when it is added (`pe_error`). A float64 table differs from the oracle's by up to ~a 30 u64
-  (1e-14 at position 32); a table computed in float32 arithmetic in a float64 model carries
-  ~a u32 (1e-5 at position 200): a fault there, one of the course's pitfalls.
+  when it is added (`pe_error`). A float64 table in the exp-log form differs from the oracle's
+  by up to 1.8e-15 over 32 positions at d = 16 (measured; 13 times the former model's bound of
+  an x0 that cancels, tests/oracle_tests/test_cancellation_bounds.py); a table computed in
+  float32 arithmetic in a float64 model carries ~a u32 (1e-5 at position 200): a fault there,
+  one of the course's pitfalls.
 
 Propagation, and the choice argued: the worst-case form (Higham's gamma_n = n u on |A||B|,
 carried through every equation by |W| |de|) holds for every rounding, but its componentwise
