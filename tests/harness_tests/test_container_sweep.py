@@ -189,3 +189,82 @@ def test_a_failed_final_sweep_is_said_in_every_report_and_the_grade_stands(tmp_p
     assert said in grade_report.text(g)
     assert said in json.dumps(grade_report.to_json(g))
     assert said in gradescope(g)["output"]
+
+
+# --- the whole tier, in the simulated Gradescope container (slow: CI runs it) -----------------
+
+# Appended to the correct example: at import, a setsid daemon of the student's user that SIGSTOPs
+# every process of its uid running kill(-1) (the former sweeper's helper ran as that uid: the
+# grade became "GRADER ERROR", 0/122, and this daemon survived), marking in /tmp that it ran and
+# each stop that succeeded.
+STOPPER = r'''
+
+# --- appended: a daemon that stops the sweeper's helper ---------------------------------------
+import subprocess as _subprocess
+import sys as _sys
+
+_STOP = """
+import os, signal, time
+me, needle = os.getpid(), b"kill(" + b"-1"
+open("/tmp/xfmr-forger-ran-stopper-as-%d" % os.getuid(), "w").close()
+end = time.time() + 300
+while time.time() < end:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open("/proc/%s/cmdline" % entry, "rb") as f:
+                if needle in f.read():
+                    os.kill(int(entry), signal.SIGSTOP)
+                    open("/tmp/xfmr-forger-ran-stopper-stopped-%s" % entry, "w").close()
+        except OSError:
+            pass
+"""
+_subprocess.Popen(
+    [_sys.executable, "-c", _STOP],
+    start_new_session=True,
+    stdin=_subprocess.DEVNULL,
+    stdout=_subprocess.DEVNULL,
+    stderr=_subprocess.DEVNULL,
+)
+'''
+
+
+@pytest.mark.slow
+def test_a_student_that_stops_the_sweeper_in_a_simulated_gradescope_container(
+    tmp_path, monkeypatch
+):
+    """Issue 39's attack where it was found: Docker's defaults (the container tier), one
+    submission whose daemon stops the sweeper's helper. It gets its deserved score (the subset's
+    three tests pass), no GRADER ERROR, a valid results.json, and nothing of the student's user
+    runs after run_autograder."""
+    ag = pytest.importorskip("test_autograder")  # the simulated container, beside this file
+    if os.geteuid() != 0 or shutil.which("bwrap") is None:
+        pytest.skip("the simulated container is bubblewrap run as root")
+
+    def submissions(inputs: Path, full: bool) -> dict[str, tuple[float, str]]:
+        files = inputs / "stopper" / "files"
+        files.mkdir(parents=True)
+        (inputs / "stopper" / "mode").write_text("subset")
+        correct = (ag.ROOT / "examples" / "correct_submission.py").read_text()
+        (files / "transformer.py").write_text(correct + STOPPER)
+        return {"stopper": (ag.SUBSET_POINTS, "3/3 tests passed")}
+
+    monkeypatch.setattr(ag, "submissions", submissions)
+    out, wall = ag.container("docker", tmp_path)
+    status = (out / "setup.status").read_text().split()[0]
+    assert status == "0", (out / "setup.log").read_text()
+    record = (tmp_path / "autograder" / "source" / "isolation").read_text()
+    assert record.splitlines()[0] == "container", record
+    stdout = (out / "stopper.stdout").read_text()
+    results = json.loads((out / "stopper.json").read_text())
+    ag.valid(results)
+    marks = (out / "stopper.marks").read_text().split()
+    print(f"\nstopper: {results['score']:g} in {wall:.1f} s; marks {marks}")
+    assert "GRADER ERROR" not in results["output"] and "SWEEP FAILED" not in results["output"]
+    assert results["score"] == ag.SUBSET_POINTS, (results["output"], stdout)
+    assert (out / "stopper.left").read_text() == ""  # nothing of the student's user runs
+    passwd = (tmp_path / "etc" / "passwd").read_text().splitlines()
+    student = next(line.split(":")[2] for line in passwd if line.startswith("xfmr-student:"))
+    assert f"xfmr-forger-ran-stopper-as-{student}" in marks, marks  # the attack did run
+    assert not [m for m in marks if "-stopped-" in m], marks  # and stopped no helper
