@@ -20,6 +20,11 @@ read and the weights after it. The parent (`Updates.judge`)
 
 from __future__ import annotations
 
+import ctypes
+import glob
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -56,6 +61,45 @@ DLOGITS_TOL = 1e-3
 MAX_SMOOTHING = 0.5
 
 
+def _openblas() -> tuple[Any, Any] | None:
+    """numpy's scipy-openblas (set, get) thread-count functions, through its own C API (what
+    threadpoolctl does; harness/tools/bench.py's blas_threads); None for another BLAS."""
+    libs = os.path.join(os.path.dirname(np.__file__), os.pardir, "numpy.libs")
+    for path in glob.glob(os.path.join(libs, "libscipy_openblas*")):
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD)
+        for suffix in ("64_", ""):
+            set_n = getattr(lib, f"scipy_openblas_set_num_threads{suffix}", None)
+            get_n = getattr(lib, f"scipy_openblas_get_num_threads{suffix}", None)
+            if set_n is not None and get_n is not None:
+                return set_n, get_n
+    return None
+
+
+_BLAS = _openblas()
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[None]:
+    """numpy's BLAS on one thread while the oracle checks a gradient: its matrices here are 32 to
+    128 wide, where OpenBLAS's threads only wait on each other (measured on a loaded 2-core
+    machine: 270 ms per check with its default threads, 17 ms on one)."""
+    if _BLAS is None:
+        yield
+        return
+    set_n, get_n = _BLAS
+    before = int(get_n())
+    set_n(1)
+    try:
+        yield
+    finally:
+        set_n(before)
+
+
+class NotTheLossGradient(Failure):
+    """A checked update's gradient is not its loss's (a forward fault makes one: the learning
+    test then says whose charge it is, `trained_forward_first`)."""
+
+
 class Updates:
     """The replay of one learning run's updates, fed segment by segment (`judge`)."""
 
@@ -78,6 +122,7 @@ class Updates:
         self.ends = np.zeros(0, dtype=np.int64)
         self.flat = self.m = self.v = self.m_abs = np.zeros(0)
         self.step = 0
+        self.shown: Any = None
         self.checked: list[str] = []  # how each spot-checked gradient held ("oracle" / "close")
 
     # --- rows --------------------------------------------------------------------------------
@@ -111,6 +156,8 @@ class Updates:
         if not isinstance(shown, dict) or not isinstance(shown.get("records"), list):
             raise Failure("the learning run's updates could not be read back")
         records = shown["records"]
+        if records and isinstance(records[-1], dict):
+            self.shown = records[-1].get("after")  # the weights the model holds now
         if self.weights is None:
             before = shown.get("before")
             if not isinstance(before, dict) or set(before) != set(self.initial):
@@ -137,7 +184,8 @@ class Updates:
                 )
             grads = self._replay(record)
             if i in draws:
-                self.checked.append(check_gradient(before, grads, record, rows, self))
+                with one_blas_thread():
+                    self.checked.append(check_gradient(before, grads, record, rows, self))
 
     def _replay(self, record: dict[str, Any]) -> dict[str, np.ndarray]:
         """Replay one update from the weights before it (flat over every name: one Adam step on
@@ -231,7 +279,7 @@ def check_gradient(
     cos = float(got_v @ want_v) / (norm_g * norm_w) if norm_g and norm_w else 0.0
     if cos > FALLBACK_COS and norm_g <= FALLBACK_NORM * norm_w:
         return f"close (cosine {cos:.3f}, norm {norm_g / norm_w:.3f})"
-    raise Failure(
+    raise NotTheLossGradient(
         f"update {run.step} (checked at random) read gradients that are not the loss's on its "
         f"rows at its weights: neither the oracle's backward pass of its own dL/dlogits nor "
         f"near the oracle's gradient (cosine {cos:.3f}, norm {norm_g / max(norm_w, 1e-300):.3g} "

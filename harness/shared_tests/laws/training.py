@@ -19,7 +19,7 @@ from harness.shared_tests.inputs import (
     pushed_weights,
 )
 from harness.shared_tests.record import Call, Failure, law
-from harness.shared_tests.updates import Updates
+from harness.shared_tests.updates import NotTheLossGradient, Updates
 from harness.shared_tests.verdicts import derived, errors, untied_params
 from oracle.error_bounds import PRECISIONS
 
@@ -156,7 +156,12 @@ def heldout_loss(call: Call, setup: dict[str, Any], seed: int, bar: float | None
     the final weights decide. A loss above the bar is the learning's failure only when the
     trained model computes the contract's function: its own forward pass on the validation sums
     must be the oracle's on its trained weights, else the learning cannot be judged by the
-    oracle's loss (a forward fault, the golden test's charge: `trained_forward_first`)."""
+    oracle's loss (a forward fault, the golden test's charge: `trained_forward_first`).
+
+    The weights judged are those the parent's replay of the run reached (`updates.Updates`):
+    every update on the parent's training rows, Adam's step from the weights before it (the
+    parent's own before the first), its gradient checked against the oracle at updates drawn in
+    secret; the first update that does not hold fails the run there."""
     cfg, recipe = setup["config"], setup["recipe"]
     task = learning_instance(setup, seed)
     weights, first_weights = pushed_weights(call, [cfg, cfg], "learning", seed)
@@ -228,6 +233,10 @@ def heldout_loss(call: Call, setup: dict[str, Any], seed: int, bar: float | None
         weights=weights, first=first, on_ask=on_checkpoint,
     )  # fmt: skip
     check_first_update(r["first_update"], first, cfg, recipe)
+    if refused and isinstance(refused[0], NotTheLossGradient) and run.shown is not None:
+        # a forward pass that is not the contract's makes gradients that are not its loss's:
+        # the golden test's charge when the model's own logits say so
+        trained_forward_first(r, untied_params(run.shown, cfg, "the trained weights")[0], task)
     if refused:
         raise refused[0]
     if unreadable:

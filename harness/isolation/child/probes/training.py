@@ -260,6 +260,11 @@ def learn(
     the checkpoints. The trained model's logits on those rows come back too ("val_logits"):
     when the verdict fails, the parent tells a model that learned badly from one whose forward
     pass is not the contract's.
+
+    Every update of the run is recorded from outside fit (`_Updates`: its rows, dL/dlogits, the
+    gradients the optimizer read and the weights after it) and shown to the parent with each
+    checkpoint ("updates"), the rest in the reply ("last_updates"): the parent replays them
+    (harness/shared_tests/updates.py) and judges only weights its replay reached.
     """
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
     first_update = None
