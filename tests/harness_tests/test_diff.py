@@ -76,6 +76,18 @@ def test_diff_refuses_a_grade_of_another_file(tmp_path, capsys):
     assert "the grade of another file" in capsys.readouterr().err
 
 
+def test_no_grade_vouches_for_a_submission_that_cannot_be_hashed(tmp_path, capsys):
+    # a link is never hashed (its sha256 is ""): a report whose sha256 is "" must not match it
+    grade = _grade_json(tmp_path, CORRECT)
+    data = json.loads(grade.read_text())
+    grade.write_text(json.dumps({**data, "sha256": ""}))
+    link = tmp_path / "transformer.py"
+    link.symlink_to(CORRECT)
+    assert grade_report.sha256_of(link) == ""
+    assert main(["diff", str(link), "--grade", str(grade)]) == 2
+    assert "cannot be hashed" in capsys.readouterr().err
+
+
 def test_diff_refuses_the_faulty_example_after_running_the_shared_tests(capsys):
     assert main(["diff", str(FAULTY)]) == 1
     captured = capsys.readouterr()
