@@ -248,7 +248,8 @@ def stub(pyi: str | None = None, md: str | None = None) -> str:
 
 CONFTEST = '''"""Your own tests of your transformer.py.
 
-Run them with `pytest --xfmr transformer.py tests/`: the plugin gives every test the
+Run them with `pytest --xfmr=transformer.py transformer.py tests/` (the implementation
+named again among the paths runs the shared tests beside yours): the plugin gives every test the
 fixture `transformer` (your module; the grader's mutation score gives a suite the same
 fixture, each mutant of the reference in its place) and makes it importable as
 tinyllm.xfmr.transformer. Do not define a fixture named `transformer` here: it would
@@ -294,8 +295,8 @@ body raises NotImplementedError until you write it. Your own tests go in `tests/
 1. `xfmr check transformer.py`: the course's shared tests on your code (a self-check, no
    sandbox). An unwritten definition fails its tests with "not implemented: NAME"; each test
    passes as soon as what it needs works (write noam_rate first: test_hand_example_noam).
-2. `pytest --xfmr transformer.py`: the same tests as pytest items; add `tests/` to run your
-   own tests too (`pytest --xfmr transformer.py tests/`).
+2. `pytest --xfmr=transformer.py`: the same tests as pytest items; with paths, name your
+   file among them to run both (`pytest --xfmr=transformer.py transformer.py tests/`).
 3. `xfmr check --suite tests/`: the mutation grade of your tests (how many of the course's
    pitfall mutants they catch).
 4. `xfmr milestone --submission transformer.py --smoke`: your own model trained on reversed
@@ -359,7 +360,7 @@ def run_start(args: argparse.Namespace) -> int:
     print("\n".join(f"wrote {p}" for p in written))
     steps = [
         (f"xfmr check {stub_path}", "the shared tests on your code"),
-        (f"pytest --xfmr {stub_path} {tests}/", "the same, and your own tests"),
+        (f"pytest --xfmr={stub_path} {stub_path} {tests}/", "the same, and your own tests"),
         (f"xfmr check --suite {tests}/", "the mutation grade of your tests"),
         (f"xfmr milestone --submission {stub_path} --smoke", "train your model, the LN demo"),
         (f"xfmr diff {stub_path}", "after a full pass: beside the reference"),
