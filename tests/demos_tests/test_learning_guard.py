@@ -21,7 +21,8 @@ def test_the_reduced_recipe_learns_as_recorded():
     found = guard.problems(result, record)
     assert not found, "the reduced recipe no longer learns as recorded:\n" + "\n".join(found)
     # and the record itself is of a run that learned (a record re-made from a broken run is not)
-    assert record["float32"]["exact_match"] >= 0.98
+    assert record["float32"]["exact_match"] >= 0.98 and record["float64"]["exact_match"] >= 0.98
+    assert result["dtype"] == guard.GUARD_DTYPE == "float64"
 
 
 def test_the_guard_names_a_moved_window_and_a_lower_exact_match():
