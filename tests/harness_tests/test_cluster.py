@@ -63,8 +63,8 @@ def test_grade_batch_on_the_cluster_equals_the_local_grades(address, tmp_path, c
     remote = main([*common, "--out", str(tmp_path / "remote"), "--scheduler", address])
     assert local == remote == 1  # the faulty one fails
     here, there = grades(tmp_path / "local"), grades(tmp_path / "remote")
-    # correct, faulty, annotated, float32 table, conftest.py and the two suite folders
-    assert len(here) == 7 and here == there
+    # correct, faulty, annotated, float32 table, conftest.py and the three suite folders
+    assert len(here) == 8 and here == there
     table = (tmp_path / "local" / "grades.csv").read_text()
     assert table == (tmp_path / "remote" / "grades.csv").read_text()
     rows = {r["submission"]: r for r in csv.DictReader(io.StringIO(table))}  # not vacuous:
