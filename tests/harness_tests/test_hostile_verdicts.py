@@ -115,9 +115,11 @@ def test_weights_not_learned_from_the_given_data_fail_the_learning_test(folder):
     got = outcomes(submission(folder, "verdict_checkpoint"), LEARNING)
     outcome, message = got["test_learns_reversed_addition"]
     assert outcome is Outcome.KILLED
-    # its first step, on other rows of the same kind, may pass for Adam's on the given batch;
-    # its weights cannot pass for having learned the secret instance
-    assert "not Adam's step" in message or "held-out loss" in message, message
+    # it trains on rows of the task as published, not on the secret instance's training rows:
+    # the replay finds a row fit was not given (or, had it used them, a step that is not Adam's,
+    # or weights that did not learn the secret instance)
+    reasons = ("not one of the training rows fit was given", "not Adam's step", "held-out loss")
+    assert any(r in message for r in reasons), message
 
 
 # Issue 34: the learning test judges weights whose every update the parent replayed (Adam from
