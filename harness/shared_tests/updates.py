@@ -33,7 +33,7 @@ import oracle
 import oracle.optim
 from harness.shared_tests.inputs import PAD
 from harness.shared_tests.record import Failure
-from harness.shared_tests.verdicts import untied_params
+from harness.shared_tests.verdicts import untied_params, unwrapped
 from oracle.grads import backward, forward_for_grads
 
 BETAS, ADAM_EPS = (0.9, 0.98), 1e-9
@@ -256,6 +256,9 @@ def check_gradient(
     its gradient must then be close ("close": a descent direction of the oracle's gradient of
     the contract's loss, its norm at most FALLBACK_NORM times it)."""
     cfg = run.cfg
+    # names under a wrapper module ('transformer.encoder.0...') read as the oracle's, as the
+    # weights are read (a wrapper is the names test's charge, never the learning test's)
+    weights, grads = unwrapped(dict(weights)), unwrapped(dict(grads))
     batches = record["batches"]
     src = np.concatenate([np.asarray(b["src"], dtype=np.int64) for b in batches])
     tgt_in = np.concatenate([np.asarray(b["tgt_in"], dtype=np.int64) for b in batches])
