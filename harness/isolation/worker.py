@@ -52,9 +52,13 @@ REPLY_LIMITS: dict[str, wire.Limits] = {}  # a probe's own caps, where CALL_REPL
 # The grader's own peak memory (RSS) in a `grade-batch --jobs 2`, whatever its workers write:
 # its own working set (100 MiB measured for a batch of correct submissions) plus, for each
 # worker whose frame it reads at once, at most CALL_REPLY.cost() (88 MiB). Measured by
-# tests/harness_tests/test_hostile_wire.py: 267 MiB under its forged frames and decoding bombs
-# (the old caps let one frame take it to 2.9 GB).
-GRADER_PEAK = 384 << 20
+# tests/harness_tests/test_hostile_wire.py: 267, 268 and 287 MiB under its forged frames and
+# decoding bombs run alone (the old caps let one frame take it to 2.9 GB); one run inside a whole
+# test session on a machine loaded by other work went past 384 MiB (its figure not kept). About
+# 100-190 MiB of the measured peaks is not explained by the frames (allocator retention across
+# threads and workers killed mid-frame are the suspects), so the figure claimed is 512 MiB until
+# that is measured.
+GRADER_PEAK = 512 << 20
 
 # Loading takes ~0.1 s from the fork server and ~4 s in a fresh sandbox (torch's imports); 60 s
 # leaves room for a loaded machine without letting a hang at import stall the run for long.
