@@ -49,16 +49,16 @@ STREAM_REPLY = wire.Limits(
     json=1 << 20, payload=0, depth=16, elements=100_000, total_json=64 << 20, total_payload=0
 )
 REPLY_LIMITS: dict[str, wire.Limits] = {}  # a probe's own caps, where CALL_REPLY's are too small
-# The grader's own peak memory (RSS) in a `grade-batch --jobs 2`, whatever its workers write:
-# its own working set (100 MiB measured for a batch of correct submissions) plus, for each
-# worker whose frame it reads at once, at most CALL_REPLY.cost() (88 MiB). Measured by
-# tests/harness_tests/test_hostile_wire.py: 267, 268 and 287 MiB under its forged frames and
-# decoding bombs run alone (the old caps let one frame take it to 2.9 GB); one run inside a whole
-# test session on a machine loaded by other work went past 384 MiB (its figure not kept). About
-# 100-190 MiB of the measured peaks is not explained by the frames (allocator retention across
-# threads and workers killed mid-frame are the suspects), so the figure claimed is 512 MiB until
-# that is measured.
-GRADER_PEAK = 512 << 20
+# The grader's own peak memory (RSS) in a `grade-batch --jobs 2`, whatever its workers write: its
+# own working set (GRADER_BASE) plus, for each of the two workers whose frames it reads at once
+# (grade-batch runs one worker per submission), at most CALL_REPLY.cost() (88 MiB). Measured as
+# the grader's VmHWM (its own address space's high-water mark): 99 MiB for nine correct
+# submissions on three tests, 122 MiB on every test, 173 MiB under the forged frames and decoding
+# bombs of tests/harness_tests/test_hostile_wire.py (the old caps let one frame take it to 2.9 GB).
+# Not ru_maxrss: Linux carries it across exec, so a grader started from a process of 785 MiB
+# (pytest, late in a CI run) reports 785 MiB whatever it used itself.
+GRADER_BASE = 160 << 20  # 122 MiB measured on a full grade-batch, with a margin for the draws
+GRADER_PEAK = GRADER_BASE + 2 * CALL_REPLY.cost()
 
 # Loading takes ~0.1 s from the fork server and ~4 s in a fresh sandbox (torch's imports); 60 s
 # leaves room for a loaded machine without letting a hang at import stall the run for long.
