@@ -59,6 +59,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "harness.jobs.mutation_score",
         "score a student's test suite by mutants killed",
     ),
+    "generated-draws": (
+        "harness.tools.generated_draws",
+        "students' suites on the generated samples of several secret draws (a measurement)",
+    ),
     "check": (
         "harness.selfcheck",
         "a student's self-check (no sandbox, not a grade): the shared tests, --suite: mutants",
