@@ -60,7 +60,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "score a student's test suite by mutants killed",
     ),
     "generated-draws": (
-        "harness.tools.generated_draws",
+        "harness.jobs.generated_draws",
         "students' suites on the generated samples of several secret draws (a measurement)",
     ),
     "check": (

@@ -83,7 +83,7 @@ def markdown(
         "",
         f"Each draw's sample is the one `XFMR_DRAW_SEED=draw xfmr mutation-score` draws "
         f"({len(next(iter(by_draw.values()), []))} mutants); the {len(union)} distinct mutants of "
-        "the draws' samples ran once per suite (harness/tools/generated_draws.py).",
+        "the draws' samples ran once per suite (harness.jobs.generated_draws.py).",
         "",
         "| draw | " + " | ".join(f"{n} killed" for n in names) + " |",
         "| ---: | " + " | ".join("---:" for _ in names) + " |",
