@@ -19,45 +19,36 @@ mutation-score's verdicts and reports, and the jobs never import it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
 import random
 import secrets
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from harness.analysis import Score
 from harness.engine import work
-from harness.engine.run import Launch, run_subject_apart, run_test
+from harness.engine.run import Launch
 from harness.isolation.local import confinement, local, workspace
 from harness.isolation.sandbox import UnsafeInput, staged
 from harness.isolation.worker import (
     LOAD_TIMEOUT,
-    NOT_IMPLEMENTED,
-    SubjectRaised,
-    Worker,
-    WorkerDied,
-    WorkerTimeout,
     printable,
 )
 from harness.jobs import grade as grading
 from harness.jobs import mutation_score as scoring
 from harness.options import positive, usage_error
-from harness.outcomes import Outcome
-from harness.records import Cell, Grade, TestResult
+from harness.records import Grade
 from harness.reports import grade as grade_report
 from harness.reports import score as score_report
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.laws import SHARED_TESTS
 from harness.shared_tests.record import Test
-from harness.subjects import Kind, Subject
+from harness.subjects import Subject
 
 # How a self-check's workers ran: every report of one says so (the grade's `isolation` field).
 SELF_CHECK = "SELF-CHECK, not a grade: your own code, run on this machine without a sandbox"
@@ -84,51 +75,24 @@ def launching(
         yield Launch(start, spec, ("probes",), confinement(work_folder), load_timeout)
 
 
+@contextmanager
+def local_workers(path: Path, folder: Path | None) -> Iterator[grading.Placement]:
+    """A self-check's workers (grading.Workers): plain subprocesses in a private folder, the
+    submission's folder on their import path (its own helper modules import), loaded where the
+    file is, so messages name it."""
+    with launching(path, LOAD_TIMEOUT, folder) as launch:
+        yield grading.Placement(lambda s: launch)
+
+
 def check(
     path: str | Path, tests: Sequence[Test] = SHARED_TESTS, time_limit: float | None = None
 ) -> Grade:
     """`tests` on the student's code at `path` (a .py file, a package, or a folder holding
-    transformer.py), judged as grade.grade judges a submission: the same rejections, cells,
-    messages and diagnosis; only the workers are plain subprocesses (SELF_CHECK)."""
-    start = time.monotonic()
-    path = Path(path)
-    if time_limit is not None:
-        tests = [replace(t, timeout=min(t.timeout, time_limit)) for t in tests]
-    # loading is not a test: a fresh worker imports torch in 2-4 s idle and past 8 s on a busy
-    # machine, so a short cap on the tests must not fail the load (as in grade.grade)
-    load_timeout = LOAD_TIMEOUT
-    shown, path = path, grading.submitted(path)
-
-    def failing(reason: str) -> list[TestResult]:
-        return grading.not_judged(tests, reason)
-
-    def seconds() -> float:
-        return time.monotonic() - start
-
-    folder = grading.folder_of(shown, path)  # a student's folder: every file in it is theirs
-    if rejected := grading.rejection(path, folder):
-        return Grade(str(shown), failing(rejected), rejected, {}, seconds(), SELF_CHECK)
-    try:
-        with launching(path, load_timeout, folder) as launch:
-            subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
-            apart = grading.tests_apart()  # plain subprocesses: as a grade's sandboxes
-            cells, starts = run_subject_apart(subject, tests, apart, lambda s: launch)
-            values = [t for t in tests if t.values]
-            failed = any(_diagnosable(cells[t.name]) for t in values)
-            found = grading._diagnose(launch) if failed else {}
-    except Exception as e:  # the checker's own failure: said, never raised
-        reason = f"grader error while checking this code: {type(e).__name__}: {e}"
-        g = Grade(str(shown), failing(reason), "", {}, seconds(), SELF_CHECK)
-        g.error = traceback.format_exc()
-        return g
-    results = grading.results_of(tests, cells, found)
-    return Grade(str(shown), results, "", found, seconds(), SELF_CHECK, start_seconds=starts)
-
-
-def _diagnosable(cell: Cell) -> bool:
-    """A value test failed on a wrong value, not on a definition not yet written (a stub's
-    NotImplementedError: the diagnosis would only meet it again)."""
-    return cell.outcome is Outcome.KILLED and not cell.message.startswith(NOT_IMPLEMENTED)
+    transformer.py), graded by grade's own procedure (grading.Grading): the same rejections,
+    cells, messages, diagnosis and text; only the workers are plain subprocesses (SELF_CHECK)."""
+    apart = grading.tests_apart()  # plain subprocesses: as a grade's sandboxes
+    with grading.Grading(path, tests, SELF_CHECK, local_workers, time_limit) as g:
+        return g.grade(apart)
 
 
 def text(g: Grade) -> str:
@@ -138,77 +102,10 @@ def text(g: Grade) -> str:
     return "\n".join(lines)
 
 
-class Runner:
+def runner(path: str | Path, tests: Sequence[Test] = SHARED_TESTS) -> grading.Grading:
     """The shared tests one at a time on the student's code, for `pytest --xfmr` (one pytest
-    item each), as run_subject runs them: one worker for them all, a fresh one after a timeout
-    or a crash, a load failure every test's; each result is the grade's line for that test, the
-    diagnosis with the first failed value test and pointed to from the later ones."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = grading.submitted(Path(path))
-        self.folder = grading.folder_of(Path(path), self.path)
-        self.rejected = grading.rejection(self.path, self.folder)
-        self._launch: contextlib.ExitStack | None = None
-        self.launch: Launch | None = None
-        self.worker: Worker | None = None
-        self.load_failure: Cell | None = None
-        self.found: dict[str, str] = {}
-        self.told = ""  # the value test whose message carries the diagnosis
-        self.results: dict[str, TestResult] = {}
-        self.starts: list[float] = []
-
-    def run(self, test: Test) -> TestResult:
-        if self.rejected:
-            cell = Cell(Outcome.ERROR, self.rejected)
-        else:
-            cell = self._cell(test)
-        if test.values and _diagnosable(cell) and not self.found:
-            assert self.launch is not None
-            self.found = grading._diagnose(self.launch)
-        result = grading._result(test, cell, self.found, self.told)
-        if self.rejected:  # nothing ran: said as a grade says it, without the outcome's word
-            result = replace(result, message=self.rejected)
-        if test.values and self.found and not result.passed and not self.told:
-            self.told = test.name
-        self.results[test.name] = result
-        return result
-
-    def _cell(self, test: Test) -> Cell:
-        if self.launch is None:
-            self._launch = contextlib.ExitStack()
-            self.launch = self._launch.enter_context(launching(self.path, folder=self.folder))
-        if self.load_failure is not None:
-            return self.load_failure
-        if self.worker is None:
-            begun = time.monotonic()
-            try:
-                self.worker = self.launch.worker()
-            except SubjectRaised as e:
-                self.load_failure = Cell(Outcome.KILLED, str(e), time.monotonic() - begun)
-            except WorkerTimeout:
-                took = time.monotonic() - begun
-                self.load_failure = Cell(
-                    Outcome.TIMEOUT, f"loading took over {took:.0f} s; killed", took
-                )
-            except WorkerDied as e:
-                self.load_failure = Cell(Outcome.ERROR, f"load: {e}", time.monotonic() - begun)
-            self.starts.append(time.monotonic() - begun)
-            if self.load_failure is not None:
-                return self.load_failure
-        assert self.worker is not None
-        cell = run_test(test, self.worker)
-        if cell.outcome in (Outcome.TIMEOUT, Outcome.ERROR):
-            self.worker.close()
-            self.worker = None
-        return cell
-
-    def close(self) -> None:
-        if self.worker is not None:
-            self.worker.close()
-            self.worker = None
-        if self._launch is not None:
-            self._launch.close()
-            self._launch = None
+    item each, Grading.result): graded as check() grades it. Close it when done."""
+    return grading.Grading(path, tests, SELF_CHECK, local_workers)
 
 
 # --- the student's own suite ------------------------------------------------------------------

@@ -128,6 +128,49 @@ def warm_up(tests: Sequence[Test]) -> None:
             threading.Thread(target=quietly, args=(test.warm,), daemon=True).start()
 
 
+class SubjectWorker:
+    """One subject's tests, one at a time, as every path that runs them runs them (a matrix row,
+    a grade, `xfmr check`, each `pytest --xfmr` item): the worker starts when the first test
+    needs it; a subject that cannot load fails every test with that load's cell; after a test
+    that timed out, errored or left the worker dead (a question its check could not answer
+    kills it) the next test gets a fresh worker; traced, every test gets one, so what it covers
+    is what it runs from a fresh load, never less because an earlier test ran something first
+    (a memoized function, a module-level table filled once)."""
+
+    def __init__(
+        self,
+        subject: Subject,
+        launch: Callable[[Subject], Launch] = trusted,
+        trace: bool = False,
+    ) -> None:
+        self.subject, self.launch, self.trace = subject, launch, trace
+        self.worker: Worker | None = None
+        self.load_failure: Cell | None = None
+        self.starts: list[float] = []  # each worker start's seconds
+
+    def cell(self, test: Test) -> Cell:
+        """The test's cell on this subject."""
+        if self.load_failure is not None:
+            return self.load_failure
+        if self.worker is None:
+            begun = time.monotonic()
+            self.worker, self.load_failure = _start(self.launch(self.subject), self.trace)
+            self.starts.append(time.monotonic() - begun)
+            if self.load_failure is not None:
+                return self.load_failure
+        assert self.worker is not None  # _start gives a worker or a load failure
+        cell = run_test(test, self.worker)  # traced: worker.calls holds what loading ran
+        dead = self.worker.status is not None
+        if self.trace or dead or cell.outcome in (Outcome.TIMEOUT, Outcome.ERROR):
+            self.close()
+        return cell
+
+    def close(self) -> None:
+        if self.worker is not None:
+            self.worker.close()
+            self.worker = None
+
+
 def run_subject(
     subject: Subject,
     tests: Sequence[Test],
@@ -135,45 +178,19 @@ def run_subject(
     launch: Callable[[Subject], Launch] = trusted,
     trace: bool = False,
 ) -> tuple[dict[str, Cell], list[float]]:
-    """Every test on one subject in order, restarting the worker after a timeout or a crash;
-    the cells, and each worker start's seconds (the last one's failed to load if load failed).
-    trace: each cell says which of the subject's functions loading and its test ran, each test
-    in a fresh worker."""
+    """Every test on one subject in order (SubjectWorker); the cells, and each worker start's
+    seconds (the last one's failed to load if load failed). trace: each cell says which of the
+    subject's functions loading and its test ran, each test in a fresh worker."""
     cells: dict[str, Cell] = {}
-    worker: Worker | None = None
-    load_failure: Cell | None = None  # a subject that cannot load fails every test the same way
-    starts: list[float] = []
+    runner = SubjectWorker(subject, launch, trace)
     warm_up(tests)
     try:
         for test in tests:
-            if load_failure is not None:
-                cell = load_failure
-            else:
-                if worker is None:
-                    begun = time.monotonic()
-                    worker, load_failure = _start(launch(subject), trace)
-                    starts.append(time.monotonic() - begun)
-                    if load_failure is not None:
-                        cells[test.name] = load_failure
-                        on_cell(test, load_failure)
-                        continue
-                assert worker is not None  # _start gives a worker or a load failure
-                cell = run_test(test, worker)  # traced: worker.calls holds what loading ran
-                # a traced row gives each test a fresh worker: what a test covers is then what
-                # it runs from a fresh load, never less because an earlier test ran something
-                # first (a memoized function, a module-level table filled once)
-                # a worker killed by its test (a question its check could not answer) is
-                # restarted too
-                dead = worker.status is not None
-                if trace or dead or cell.outcome in (Outcome.TIMEOUT, Outcome.ERROR):
-                    worker.close()
-                    worker = None
-            cells[test.name] = cell
+            cells[test.name] = cell = runner.cell(test)
             on_cell(test, cell)
     finally:
-        if worker is not None:
-            worker.close()
-    return cells, starts
+        runner.close()
+    return cells, runner.starts
 
 
 def run_subject_apart(

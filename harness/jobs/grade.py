@@ -19,18 +19,18 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import asdict, replace
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import AbstractContextManager, ExitStack, contextmanager
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from harness.engine import executors, work
-from harness.engine.run import Launch, run_subject_apart, unjudgeable
+from harness.engine.run import Launch, SubjectWorker, run_subject_apart, unjudgeable
 from harness.isolation import container
 from harness.isolation.sandbox import (
     CONTAINER_TIER,
     DEFAULT_LIMITS,
-    INPUT,
     SANDBOX_TIER,
     TIERS,
     Limits,
@@ -43,6 +43,7 @@ from harness.isolation.staging import MAX_BYTES, MAX_ENTRIES, kind_problem, size
 from harness.isolation.static_check import check_submission
 from harness.isolation.worker import (
     LOAD_TIMEOUT,
+    NOT_IMPLEMENTED,
     SubjectRaised,
     WorkerDied,
     WorkerTimeout,
@@ -204,6 +205,184 @@ def rejection(path: Path, folder: Path | None = None) -> str:
     return ""
 
 
+@dataclass
+class Placement:
+    """Where one submission's workers run while it is graded: how each starts (`launch`), the
+    folder prefix its messages show for the student's own files (`inside`, dropped from every
+    message), and what the placement found to say when it ended (`note`: processes a container
+    sweep could not end), said in the grade's isolation line."""
+
+    launch: Callable[[Subject], Launch]
+    inside: str = ""
+    note: str = ""
+
+
+# How a submission's workers are placed: (the module to load, the student's folder or None) ->
+# a context holding the Placement for the length of the grading. UnsafeInput from it rejects
+# the submission.
+Workers = Callable[[Path, "Path | None"], AbstractContextManager[Placement]]
+
+
+def sandboxed(limits: Limits, unsafe: bool = False, isolation: str = SANDBOX_TIER) -> Workers:
+    """A grade's workers: the submission staged, each worker in a sandbox of its own (or the
+    container tier's user; unsafe: forked, for trusted code only), the user's processes swept
+    when the grading ends (the container tier)."""
+
+    @contextmanager
+    def place(path: Path, folder: Path | None) -> Iterator[Placement]:
+        with staged(staging(path, folder)) as stage:
+            start_worker, inside = starter(stage, limits, unsafe, isolation)
+
+            def launch(s: Subject) -> Launch:
+                # the student's folder first on the worker's import path: its modules import
+                spec = {"path": str(inside / path.name), "folder": str(inside)}
+                return Launch(start_worker, spec, ("probes",), limits.confine(), LOAD_TIMEOUT)
+
+            placement = Placement(launch, f"{inside}/")
+            try:
+                yield placement
+            finally:
+                if isolation == CONTAINER_TIER and not unsafe:  # nothing of the user survives
+                    # never raises: what survives is said in every report of the grade
+                    placement.note = container.sweep_user(os.path.realpath(sys.executable))
+
+    return place
+
+
+class Grading:
+    """One submission through the shared tests, as every front end grades it: `xfmr grade`,
+    grade-batch, `xfmr check` and each `pytest --xfmr` item differ only in where the workers run
+    (`workers`, said in `mode`). The one procedure: the submission rejected before anything of
+    it runs (rejection()); the tests run as harness.engine.run.SubjectWorker runs them (start,
+    a load failure every test's, a fresh worker after a failed answer); the forward pass
+    diagnosed once, in a worker of its own, when a value test failed on a wrong value; the
+    diagnosis said once, under the first failed value test; the student's own file names in
+    every message; a grader error of its own becomes every test's failure with the reason,
+    never an exception.
+
+    Whole (`grade()`: the tests named in `apart` in a second worker beside the others) or one
+    test at a time (`result(test)`, for pytest items); close() ends the workers."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        tests: Sequence[Test],
+        mode: str,
+        workers: Workers,
+        time_limit: float | None = None,
+    ) -> None:
+        self.begun = time.monotonic()
+        self.shown = Path(path)
+        self.path = submitted(self.shown)
+        self.folder = folder_of(self.shown, self.path)
+        if time_limit is not None:  # a cap on every test's own limit; loading keeps its own
+            tests = [replace(t, timeout=min(t.timeout, time_limit)) for t in tests]
+        self.tests = list(tests)
+        self.mode, self.workers = mode, workers
+        self.rejected = rejection(self.path, self.folder)
+        self.subject = Subject(self.path.stem, Kind.SUBMISSION, path=str(self.path))
+        self.results: dict[str, TestResult] = {}  # result(): each test's line so far
+        self.found: dict[str, str] = {}
+        self._told = ""  # the value test whose message carries the diagnosis
+        self._stack = ExitStack()
+        self._placement: Placement | None = None
+        self._runner: SubjectWorker | None = None
+        self._broken = ""  # a grader error met by result(): every later test's reason
+
+    def __enter__(self) -> Grading:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
+            self._runner = None
+        self._stack.close()
+
+    def seconds(self) -> float:
+        return time.monotonic() - self.begun
+
+    def _mode(self) -> str:
+        note = self._placement.note if self._placement is not None else ""
+        return f"{self.mode}; {note}" if note else self.mode
+
+    def _failing(self, reason: str, rejected: str = "", error: str = "") -> Grade:
+        results = not_judged(self.tests, reason)
+        return Grade(
+            str(self.shown), results, rejected, {}, self.seconds(), self._mode(), error=error
+        )
+
+    def _said(self, text: str) -> str:
+        inside = self._placement.inside if self._placement is not None else ""
+        return text.replace(inside, "") if inside else text
+
+    def grade(self, apart: Collection[str] = ()) -> Grade:
+        """Every test; the whole grade."""
+        if self.rejected:  # nothing of it ran: an error of every test, not a failed law
+            return self._failing(self.rejected, self.rejected)
+        try:
+            with self.workers(self.path, self.folder) as placement:
+                self._placement = placement
+                cells, starts = run_subject_apart(self.subject, self.tests, apart, placement.launch)
+                values = [t for t in self.tests if t.values]
+                if any(diagnosable(cells[t.name]) for t in values):
+                    self.found = _diagnose(placement.launch(self.subject))
+        except UnsafeInput as e:
+            return self._failing(f"rejected: {e}", f"rejected: {e}")
+        except Exception as e:  # the grader's own failure on this submission: said, never raised
+            reason = f"grader error while grading this submission: {type(e).__name__}: {e}"
+            return self._failing(reason, error=traceback.format_exc())
+        results = [
+            replace(r, message=self._said(r.message))
+            for r in results_of(self.tests, cells, self.found)
+        ]
+        found = {k: self._said(v) for k, v in self.found.items()}
+        return Grade(
+            str(self.shown), results, "", found, self.seconds(), self._mode(), start_seconds=starts
+        )
+
+    def result(self, test: Test) -> TestResult:
+        """One test's line, the tests taken one at a time in one worker (a fresh one after a
+        failed answer); the diagnosis runs at the first value test that failed on a wrong
+        value and is said under it, pointed to from the later ones."""
+        reason = self.rejected or self._broken
+        if not reason:
+            try:
+                cell = self._cell(test)
+            except UnsafeInput as e:
+                reason = self.rejected = f"rejected: {e}"
+            except Exception as e:  # the grader's own failure: this test's and every later one's
+                reason = self._broken = (
+                    f"grader error while checking this code: {type(e).__name__}: {e}"
+                )
+        if reason:
+            result = replace(_result(test, Cell(Outcome.ERROR, reason), {}), message=reason)
+        else:
+            if test.values and diagnosable(cell) and not self.found:
+                assert self._placement is not None
+                self.found = _diagnose(self._placement.launch(self.subject))
+            result = _result(test, cell, self.found, self._told)
+            result = replace(result, message=self._said(result.message))
+            if test.values and self.found and not result.passed and not self._told:
+                self._told = test.name
+        self.results[test.name] = result
+        return result
+
+    def _cell(self, test: Test) -> Cell:
+        if self._runner is None:
+            self._placement = self._stack.enter_context(self.workers(self.path, self.folder))
+            self._runner = SubjectWorker(self.subject, self._placement.launch)
+        return self._runner.cell(test)
+
+
+def diagnosable(cell: Cell) -> bool:
+    """A value test failed on a wrong value, not on a definition not yet written (a stub's
+    NotImplementedError: the diagnosis would only meet it again)."""
+    return cell.outcome is Outcome.KILLED and not cell.message.startswith(NOT_IMPLEMENTED)
+
+
 def grade(
     path: str | Path,
     tests: Sequence[Test] = SHARED_TESTS,
@@ -220,73 +399,15 @@ def grade(
     beside the others' (default: `tests_apart`; grade-batch, which grades submissions side by
     side, gives none).
 
-    Whatever the submission does, the answer is a Grade: an error of the grader's own while
-    grading it becomes that submission's failing grade with the reason, never an exception."""
-    start = time.monotonic()
-    path = Path(path)
-    if time_limit is not None:  # a cap on every test's own limit
-        tests = [replace(t, timeout=min(t.timeout, time_limit)) for t in tests]
-    # loading is not a test: a fresh sandbox imports torch in 2-4 s idle and past 8 s on a busy
-    # machine, so a short cap on the tests (a batch's --time-limit 8) must not fail the load
-    load_timeout = LOAD_TIMEOUT
+    Whatever the submission does, the answer is a Grade (Grading)."""
     mode = UNSAFE if unsafe else CONTAINER if isolation == CONTAINER_TIER else SANDBOX
     if not unsafe and (missing := limits_problem(isolation)):  # said in every report
         mode = f"{mode}; {missing}"
-    shown, path = path, submitted(path)
-    folder = folder_of(shown, path)
-    rejected = rejection(path, folder)
-
-    def failing(reason: str) -> list[TestResult]:
-        return not_judged(tests, reason)
-
-    if rejected:  # nothing of it ran: an error of every test, not a failed law
-        results = failing(rejected)
-        return Grade(str(shown), results, rejected, {}, time.monotonic() - start, mode)
-    inside = Path(INPUT)
-    try:
-        with staged(staging(path, folder)) as stage:
-            start_worker, inside = starter(stage, limits, unsafe, isolation)
-
-            def launch(s: Subject) -> Launch:
-                # the student's folder first on the worker's import path: its modules import
-                spec = {"path": str(inside / path.name), "folder": str(inside)}
-                return Launch(start_worker, spec, ("probes",), limits.confine(), load_timeout)
-
-            subject = Subject(path.stem, Kind.SUBMISSION, path=str(path))
-            try:
-                if apart is None:
-                    apart = tests_apart(one_user=isolation == CONTAINER_TIER and not unsafe)
-                cells, starts = run_subject_apart(subject, tests, apart, launch)
-                values = [t for t in tests if t.values]  # a failure there gets the diagnosis
-                failed = any(cells[t.name].outcome is Outcome.KILLED for t in values)
-                found = _diagnose(launch(subject)) if failed else {}
-            finally:
-                if isolation == CONTAINER_TIER and not unsafe:  # nothing of the user survives
-                    # never raises: what survives is said in every report of the grade
-                    if left := container.sweep_user(os.path.realpath(sys.executable)):
-                        mode = f"{mode}; {left}"
-    except UnsafeInput as e:
-        reason = f"rejected: {e}"
-        results = failing(reason)
-        return Grade(str(shown), results, reason, {}, time.monotonic() - start, mode)
-    except Exception as e:  # the grader's own failure on this submission: said, never raised
-        reason = f"grader error while grading this submission: {type(e).__name__}: {e}"
-        return Grade(
-            str(shown),
-            failing(reason),
-            "",
-            {},
-            time.monotonic() - start,
-            mode,
-            error=traceback.format_exc(),
-        )
-    results = results_of(tests, cells, found)
-    # messages name the student's own files, not where the worker saw them
-    where = f"{inside}/"
-    results = [replace(r, message=r.message.replace(where, "")) for r in results]
-    found = {k: v.replace(where, "") for k, v in found.items()}
-    seconds = time.monotonic() - start
-    return Grade(str(shown), results, "", found, seconds, mode, start_seconds=starts)
+    if apart is None:
+        apart = tests_apart(one_user=isolation == CONTAINER_TIER and not unsafe)
+    workers = sandboxed(limits, unsafe, isolation)
+    with Grading(path, tests, mode, workers, time_limit) as g:
+        return g.grade(apart)
 
 
 def _diagnose(launch: Launch) -> dict[str, str]:

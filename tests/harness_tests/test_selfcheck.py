@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from harness import selfcheck
-from harness.jobs import grade
 from harness.pytest_plugin import PROFILE, PROFILE_SETTINGS
 from harness.reports import grade as grade_report
 from harness.shared_tests.laws import BY_NAME
@@ -92,25 +91,26 @@ def test_check_needs_no_bwrap_no_fork_and_no_seqpacket(tmp_path):
     assert len(list(marks.iterdir())) >= 2
 
 
-def test_check_says_what_a_grade_says():
-    # the same cells, messages and diagnosis as grade's (here its trusted, unsandboxed mode)
+def test_one_test_at_a_time_or_whole_the_grading_says_the_same():
+    # grade, grade-batch, check and pytest --xfmr all run grade.Grading; its two drivers (a
+    # whole grade, and one test at a time for pytest items) give the same lines and diagnosis
     names = ["test_golden_torch", "test_source_padding_is_never_read", "test_hand_example_noam"]
     names.append("test_translate_is_greedy_with_beam_one_and_drops_eos")
     tests = [BY_NAME[n] for n in names]
     checked = selfcheck.check(ROOT / FAULTY, tests)
-    graded = grade.grade(ROOT / FAULTY, tests, unsafe=True)
+    with selfcheck.runner(ROOT / FAULTY, tests) as one_by_one:
+        items = [one_by_one.result(t) for t in tests]
     assert checked.isolation == selfcheck.SELF_CHECK
-    assert [(t.name, t.outcome, t.score) for t in checked.tests] == [
-        (t.name, t.outcome, t.score) for t in graded.tests
+    assert [(t.name, t.outcome, t.score, t.message) for t in checked.tests] == [
+        (t.name, t.outcome, t.score, t.message) for t in items
     ]
-    assert [t.message for t in checked.tests] == [t.message for t in graded.tests]
-    assert checked.diagnosis == graded.diagnosis
+    assert checked.diagnosis == one_by_one.found
     assert "decoder.0.cross_attn" in checked.tests[0].message
     assert "padded keys are read" in checked.tests[0].message
     text = selfcheck.text(checked)
     assert text.startswith(f"Self-check of {ROOT / FAULTY} (not a grade)")
-    # every line after the heading is the grade's, but for the times
-    assert _untimed(grade_report.text(graded))[3:] == _untimed(text)[3:]
+    # every line after the heading is a grade's text of it, but for the times
+    assert _untimed(grade_report.text(checked))[1:] == _untimed(text)[1:]
 
 
 def _untimed(text: str) -> list[str]:
@@ -242,10 +242,7 @@ def test_a_rejected_file_fails_every_test_with_the_rejection(tmp_path):
     # pytest --xfmr on a file that is no submission: each shared test says why, none runs it
     bad = tmp_path / "transformer.txt"
     bad.write_text("not python")
-    runner = selfcheck.Runner(bad)
-    try:
-        results = [runner.run(BY_NAME[name]) for name in sorted(BY_NAME)[:2]]
-    finally:
-        runner.close()
+    with selfcheck.runner(bad) as runner:
+        results = [runner.result(BY_NAME[name]) for name in sorted(BY_NAME)[:2]]
     assert [r.passed for r in results] == [False, False]
     assert all(r.message == runner.rejected and "not a .py file" in r.message for r in results)
