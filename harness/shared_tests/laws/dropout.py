@@ -233,16 +233,16 @@ def dropped_heads(r: dict, cfg: dict, params: Any) -> dict[str, np.ndarray]:
                 np.abs(heads_eval - v_eval) <= zero
             ):
                 continue
-            # a dropped head is nearer 0 than to its kept value / (1 - p) (of the training pass's
-            # keys, which dropout upstream changed); only heads whose two candidates lie over 2
-            # `zero` apart tell which. A nearly singular out_proj (one bfloat16 draw: smallest
-            # singular value 3.9e-5) puts `zero` above every head: its layer then tells nothing
-            # (counted as dropped, an honest model's rate read 0.82)
+            # a head counts where its two candidates, 0 (dropped) and its kept value / (1 - p)
+            # (of the training pass's keys, which dropout upstream changed), lie over 2 `zero`
+            # apart, and is dropped when within `zero` of 0 (a head kept without the 1 / (1 - p)
+            # is not: c03). A nearly singular out_proj (one bfloat16 draw: smallest singular
+            # value 3.9e-5) puts `zero` above every head: its layer then tells nothing (counted
+            # as dropped, an honest model's rate read 0.82)
             kept = v_train / (1 - cfg["dropout"])
             to_zero = np.abs(heads).max(axis=-1)
-            to_kept = np.abs(heads - kept).max(axis=-1)
             apart = np.broadcast_to(np.abs(kept).max(axis=-1) > 2 * zero, to_zero.shape)
-            out.setdefault(site, []).append((to_zero < to_kept)[apart])
+            out.setdefault(site, []).append((to_zero <= zero)[apart])
     return {site: np.concatenate([m.ravel() for m in masks]) for site, masks in out.items()}
 
 

@@ -16,17 +16,28 @@ from harness.isolation.child.probes.base import (
 
 
 @probe
-def defaults(module, functions) -> dict[str, Any]:
-    """The default of every TransformerConfig field, and of every parameter of the named
-    contract functions (a parameter without one: absent)."""
+def defaults(module, functions, vocab=None) -> dict[str, Any]:
+    """The default of every TransformerConfig field, as a config made with only the
+    vocabularies (`vocab`: {src_vocab, tgt_vocab}) holds it (a field it does not hold, or a
+    config that cannot be made so: its signature's default), and of every parameter of the
+    named contract functions (a parameter without one: absent)."""
     import inspect
 
     def of(fn: Any) -> dict[str, Any]:
         params = inspect.signature(fn).parameters.values()
         return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
+    config = of(module.TransformerConfig)
+    if vocab is not None:
+        try:
+            made = module.TransformerConfig(**vocab)
+        except TypeError:  # a field past the vocabularies without a default: the signature's
+            made = None
+        if made is not None:
+            held = {n: getattr(made, n) for n in config if n not in vocab and hasattr(made, n)}
+            config = {**config, **held}
     return {
-        "config": of(module.TransformerConfig),
+        "config": config,
         "functions": {f: of(getattr(module, f)) for f in functions},
     }
 
