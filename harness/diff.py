@@ -37,10 +37,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import selfcheck
+from harness import grading, selfcheck
 from harness.isolation.sandbox import PROJECT_ROOT
 from harness.isolation.worker import printable
-from harness.jobs import grade as grading
 from harness.options import usage_error
 from harness.records import Grade, TestResult
 from harness.reports.grade import sha256_of

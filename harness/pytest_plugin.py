@@ -3,7 +3,7 @@
 
 - **The shared tests as pytest items.** The implementation named by --xfmr is collected as a
   file of the shared tests, one item each (`transformer.py::test_golden_torch`), each run and
-  judged as `xfmr check` runs and judges it (harness.jobs.grade.Grading, the grader's own
+  judged as `xfmr check` runs and judges it (harness.grading.Grading, the grader's own
   procedure; workers as plain subprocesses, no sandbox), failing with the grader's message and
   diagnosis.
   `pytest --xfmr transformer.py` with no other path runs just those; with paths, name the
@@ -114,7 +114,7 @@ class _Active:
             )
         self.module = config.option.xfmr_module
         self.names = [n for n in (config.option.xfmr_tests or "").split(",") if n]
-        self.runner: Any = None  # harness.jobs.grade.Grading, made at the first shared item
+        self.runner: Any = None  # harness.grading.Grading, made at the first shared item
         # a student's folder (transformer.py and its helpers): the module path's parent package
         # is that folder, so its relative imports resolve, and the folder is on sys.path
         here = given.resolve()

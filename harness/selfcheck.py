@@ -30,6 +30,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from harness import grading
 from harness.analysis import Score
 from harness.engine import work
 from harness.engine.run import Launch
@@ -39,7 +40,6 @@ from harness.isolation.worker import (
     LOAD_TIMEOUT,
     printable,
 )
-from harness.jobs import grade as grading
 from harness.jobs import mutation_score as scoring
 from harness.options import positive, usage_error
 from harness.records import Grade

@@ -168,7 +168,8 @@ def test_a_failed_final_sweep_is_said_in_every_report_and_the_grade_stands(tmp_p
     """grade()'s final sweep in the container tier (the workers here are stand-ins): its failure
     joins the grade's isolation text (text, JSON, Gradescope), never an exception, and the
     verdicts already judged stand."""
-    from harness.jobs import grade as grading
+    from harness import grading
+    from harness.jobs.grade import grade
     from harness.outcomes import Outcome
     from harness.records import Cell
     from harness.reports import grade as grade_report
@@ -183,7 +184,7 @@ def test_a_failed_final_sweep_is_said_in_every_report_and_the_grade_stands(tmp_p
     monkeypatch.setattr(container, "sweep_user", lambda interpreter: said)
     submission = tmp_path / "transformer.py"
     submission.write_text("x = 1\n")
-    g = grading.grade(submission, tests, isolation=grading.CONTAINER_TIER)
+    g = grade(submission, tests, isolation=grading.CONTAINER_TIER)
     assert not g.error and g.passed and g.score == tests[0].points
     assert said in g.isolation
     assert said in grade_report.text(g)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from harness import grading
 from harness.cli import main
 from harness.isolation.static_check import problems as forbidden_imports
 from harness.jobs import grade
@@ -301,7 +302,7 @@ def test_a_grader_fault_exits_3_and_its_results_json_says_so_with_score_0(tmp_pa
     def broken(*args, **kwargs):
         raise RuntimeError("a bug of the grader's own")
 
-    monkeypatch.setattr(grade, "run_subject_apart", broken)
+    monkeypatch.setattr(grading, "run_subject_apart", broken)
     report = tmp_path / "results.json"
     argv = ["grade", str(ROOT / "impl" / "torch_copy.py"), "--gradescope", str(report)]
     assert main([*argv, "--tests", "test_hand_example_noam"]) == 3
@@ -340,6 +341,6 @@ def test_a_batch_whose_every_submission_is_rejected_has_no_hardest_test():
 def test_the_learning_test_runs_apart_except_in_the_container_tier():
     # the container tier's workers are one user, and ending a worker ends every process of that
     # user: a second worker beside the first would die when the first is closed
-    assert grade.tests_apart(cpus=2) == grade.APART == ("test_learns_reversed_addition",)
-    assert grade.tests_apart(cpus=1) == ()
-    assert grade.tests_apart(one_user=True, cpus=16) == ()
+    assert grading.tests_apart(cpus=2) == grading.APART == ("test_learns_reversed_addition",)
+    assert grading.tests_apart(cpus=1) == ()
+    assert grading.tests_apart(one_user=True, cpus=16) == ()

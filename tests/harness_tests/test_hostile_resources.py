@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from harness.grading import rejection
 from harness.isolation import cgroups, sandbox, staging, static_check
-from harness.jobs.grade import grade, rejection
+from harness.jobs.grade import grade
 from harness.shared_tests.laws import BY_NAME
 
 pytestmark = pytest.mark.slow  # a few grades in real sandboxes

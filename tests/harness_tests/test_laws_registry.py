@@ -13,8 +13,8 @@ from harness.shared_tests.laws import ORDER, SHARED_TESTS
 
 LAWS = Path(laws_package.__file__).parent
 PROBES = Path(probes.__file__).parent
-# Who else asks a worker for a probe by name: the diagnosis (through the grade job).
-OTHER_CALLERS = [Path("harness/shared_tests/diagnosis.py"), Path("harness/jobs/grade.py")]
+# Who else asks a worker for a probe by name: the diagnosis (through harness.grading).
+OTHER_CALLERS = [Path("harness/shared_tests/diagnosis.py"), Path("harness/grading.py")]
 
 
 def probes_named(path: Path) -> set[str]:

@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import grading
 from harness.engine import work
 from harness.isolation import staging
-from harness.jobs import grade as grading
 from harness.jobs import mutation_score as scoring
 from harness.options import CONTAINER, SANDBOX, UNSAFE
 from harness.outcomes import Outcome

@@ -92,8 +92,8 @@ def test_check_needs_no_bwrap_no_fork_and_no_seqpacket(tmp_path):
 
 
 def test_one_test_at_a_time_or_whole_the_grading_says_the_same():
-    # grade, grade-batch, check and pytest --xfmr all run grade.Grading; its two drivers (a
-    # whole grade, and one test at a time for pytest items) give the same lines and diagnosis
+    # grade, grade-batch, check and pytest --xfmr all run harness.grading.Grading; its two
+    # drivers (a whole grade, one test at a time for pytest items) say the same
     names = ["test_golden_torch", "test_source_padding_is_never_read", "test_hand_example_noam"]
     names.append("test_translate_is_greedy_with_beam_one_and_drops_eos")
     tests = [BY_NAME[n] for n in names]

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from harness import grading
 from harness.cli import main
-from harness.jobs import grade, mutation_score
+from harness.jobs import mutation_score
 from harness.outcomes import Outcome
 from harness.records import Grade, TestResult
 from harness.reports import grades as tables
@@ -102,10 +103,10 @@ def test_summarize_gives_grade_batchs_tables(collected):
 
 def test_the_outcome_is_read_back_from_the_graders_reasons():
     # a failed test's Gradescope output begins with grade's reason for its outcome
-    assert {f"{grade._REASON[o]}:" for o in grade._REASON if o is not Outcome.NOT_APPLICABLE} <= {
-        r for r in tables._OUTCOME_OF_REASON
-    }
-    assert tables._OUTCOME_OF_REASON[grade._REASON[Outcome.NOT_APPLICABLE]] == "not applicable"
+    assert {
+        f"{grading._REASON[o]}:" for o in grading._REASON if o is not Outcome.NOT_APPLICABLE
+    } <= {r for r in tables._OUTCOME_OF_REASON}
+    assert tables._OUTCOME_OF_REASON[grading._REASON[Outcome.NOT_APPLICABLE]] == "not applicable"
 
 
 def test_the_command_prints_the_tables_names_each_skipped_file_and_writes_csvs(
