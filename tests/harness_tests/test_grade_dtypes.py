@@ -37,3 +37,15 @@ def test_correct_example_gets_every_point_in_float32_and_the_faulty_keeps_its_fa
     tests = [t for t in SHARED_TESTS if t.name != "test_learns_reversed_addition"]
     g = grade.grade(ROOT / "examples" / "faulty_submission.py", tests)
     assert [t.name for t in g.tests if not t.passed] == FAULTY_FAILS
+
+
+def test_the_faulty_example_keeps_its_search_failures_in_bfloat16():
+    # a 16-bit run searches in float32 (probes.base.search_dtype): in bfloat16 nearly every
+    # argmax lay within the bound of its runner-up, and the padding fault passed both search tests
+    set_run_dtype("bfloat16")
+    try:
+        tests = [t for t in SHARED_TESTS if t.name in FAULTY_FAILS[2:]]
+        g = grade.grade(ROOT / "examples" / "faulty_submission.py", tests, unsafe=True)
+    finally:
+        set_run_dtype(None)
+    assert [t.name for t in g.tests if not t.passed] == FAULTY_FAILS[2:], g.tests

@@ -158,6 +158,15 @@ def training_dtype() -> str | None:
     return "float32" if RUN_DTYPE[0] in ("bfloat16", "float16") else RUN_DTYPE[0]
 
 
+def search_dtype() -> str | None:
+    """The dtype the search probes (translate's) build in: the run's, except that a 16-bit run
+    searches in float32. Under 16-bit rounding nearly every step's argmax is within the bound of
+    its runner-up, so the parent could judge almost no row of a search (the faulty example's
+    padding fault passed the translate and beam tests in bfloat16); a search's logic does not
+    depend on the dtype its logits were computed in."""
+    return training_dtype()
+
+
 def build(
     module: ModuleType,
     cfg: dict[str, Any],

@@ -17,6 +17,7 @@ from harness.isolation.child.probes.base import (
     numpy_of,
     parameters_by_name,
     probe,
+    search_dtype,
     tensor_of,
 )
 from harness.isolation.child.probes.hooks import (
@@ -111,8 +112,8 @@ def translations(
     training mode it leaves, a save_transformer / load_transformer round trip (unless
     `save_load` is false: a search judged on its own never touches them), and the forward
     logits along the parent's decoding `paths` ({"tgt_in", "tgt_mask"}), so the parent can tell
-    a search fault from a forward-pass fault."""
-    model, dtype = build(module, cfg, weights=weights)
+    a search fault from a forward-pass fault. Built in search_dtype()."""
+    model, dtype = build(module, cfg, weights=weights, only=search_dtype())
     model.train(train_mode)
     src = tensor_of(src)
     outputs, modes = [], []
