@@ -11,7 +11,9 @@ what they implement: two helpers called from the same matched definition (impl's
 and a student's beam_search, both called by translate) are paired when their code is alike, and
 any other pair only when it is much alike. What stays unpaired is listed as "yours only" or
 "reference only". The terminal gets a unified diff per definition; `--html FILE` a side-by-side
-page (difflib.HtmlDiff: every line of code escaped, every name and label escaped here).
+page (difflib.HtmlDiff: every line of code escaped, every name and label escaped here). Both
+compare code: comments, docstrings and blank lines are left out (`--as-written` keeps them), so
+a student who wrote the reference's code in their own words sees no difference.
 
 In the Gradescope autograder this is a course policy switch, off by default (`xfmr autograder
 gradescope --reveal-reference-after-pass`): run_autograder then calls `xfmr diff --grade
@@ -135,6 +137,41 @@ def _tokens(source: str) -> list[str]:
                 kept.append(tok.string)
     except (tokenize.TokenError, SyntaxError):  # a class's header alone may not tokenize whole
         kept = source.split()
+    return kept
+
+
+def code_lines(source: str) -> list[str]:
+    """A definition's lines as code: comments, docstrings and blank lines left out, common
+    indentation removed, so that two definitions differing only in prose and layout compare
+    equal (impl's commented TransformerConfig against a student's bare one)."""
+    text = textwrap.dedent(source)
+    lines = text.splitlines()
+    cut: dict[int, int] = {}  # line (1-based) -> the column its comment starts at
+    gone: set[int] = set()  # docstring lines
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                cut[tok.start[0]] = tok.start[1]
+        for node in ast.walk(ast.parse(text)):
+            body = getattr(node, "body", None)
+            if (
+                isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef)
+                and body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                gone.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        # a split class's header alone may not parse: whole-line comments only
+        cut = {i: len(x) - len(x.lstrip()) for i, x in enumerate(lines, 1) if x.lstrip()[:1] == "#"}
+    kept = []
+    for i, line in enumerate(lines, 1):
+        if i in gone:
+            continue
+        line = line[: cut.get(i, len(line))].rstrip()
+        if line:
+            kept.append(line)
     return kept
 
 
@@ -281,16 +318,28 @@ def _label(u: Unit | None, side: str) -> str:
     return f"{side}: {u.path}:{u.line} {u.name}" if u else f"{side}: (none)"
 
 
-def text(m: Matching) -> str:
-    """A unified diff per definition (reference first, yours second)."""
+def _sides(ref: Unit | None, mine: Unit | None, as_written: bool) -> tuple[list[str], list[str]]:
+    """Both definitions' lines: as code (comments, docstrings and blank lines aside) or as
+    written."""
+
+    def lines(u: Unit | None) -> list[str]:
+        if u is None:
+            return []
+        return u.source.splitlines() if as_written else code_lines(u.source)
+
+    return lines(ref), lines(mine)
+
+
+def text(m: Matching, as_written: bool = False) -> str:
+    """A unified diff per definition (reference first, yours second), of the code alone unless
+    `as_written`."""
     out: list[str] = []
     same = 0
     for ref, mine, how in m.pairs:
         name = (ref or mine).name if (ref or mine) else "?"  # type: ignore[union-attr]
         if mine is not None and ref is not None and mine.name != ref.name:
             name = f"{ref.name} ~ yours {mine.name}"
-        left = ref.source.splitlines() if ref else []
-        right = mine.source.splitlines() if mine else []
+        left, right = _sides(ref, mine, as_written)
         diff = list(
             difflib.unified_diff(
                 left, right, _label(ref, "reference"), _label(mine, "yours"), lineterm=""
@@ -303,7 +352,8 @@ def text(m: Matching) -> str:
         out.append(f"== {printable(name)} ({how})")
         out += [printable(line) for line in diff]
         out.append("")
-    out.append(f"{same} of {len(m.pairs)} definitions identical to the reference")
+    aside = "" if as_written else " (comments, docstrings and blank lines aside)"
+    out.append(f"{same} of {len(m.pairs)} definitions identical to the reference{aside}")
     return "\n".join(out) + "\n"
 
 
@@ -326,9 +376,9 @@ order; helpers matched by name, then by what they implement.</p>
 """
 
 
-def page(m: Matching, submission: str) -> str:
-    """A side-by-side HTML page: every name and label escaped here, every line of code by
-    difflib.HtmlDiff (which escapes &, < and >)."""
+def page(m: Matching, submission: str, as_written: bool = False) -> str:
+    """A side-by-side HTML page (of the code alone unless `as_written`): every name and label
+    escaped here, every line of code by difflib.HtmlDiff (which escapes &, < and >)."""
     differ = difflib.HtmlDiff(tabsize=4, wrapcolumn=90)
     parts = []
     for ref, mine, how in m.pairs:
@@ -336,9 +386,10 @@ def page(m: Matching, submission: str) -> str:
         heading = html.escape(printable(f"{name} ({how})"))
         if mine is not None and ref is not None and mine.name != ref.name:
             heading = html.escape(printable(f"{ref.name} ~ yours {mine.name} ({how})"))
+        left, right = _sides(ref, mine, as_written)
         table = differ.make_table(
-            [printable(x) for x in (ref.source.splitlines() if ref else [])],
-            [printable(x) for x in (mine.source.splitlines() if mine else [])],
+            [printable(x) for x in left],
+            [printable(x) for x in right],
             html.escape(printable(_label(ref, "reference"))),
             html.escape(printable(_label(mine, "yours"))),
             context=False,
@@ -369,6 +420,12 @@ def configure_diff(parser: argparse.ArgumentParser) -> None:
         "its sha256) instead of running the shared tests again",
     )
     parser.add_argument("--html", metavar="FILE", help="a side-by-side HTML page of the diff")
+    parser.add_argument(
+        "--as-written",
+        action="store_true",
+        help="diff the definitions as written (by default comments, docstrings and blank lines "
+        "are left out, so only code differs)",
+    )
     parser.add_argument(
         "--gradescope",
         metavar="RESULTS",
@@ -401,11 +458,11 @@ def run_diff(args: argparse.Namespace) -> int:
         )
         return 1
     m = matching(submission)
-    said = text(m)
+    said = text(m, args.as_written)
     if args.gradescope:
         return _into_gradescope(Path(args.gradescope), said)
     print(said, end="")
-    written = write_all("diff", [(args.html, lambda: page(m, str(submission)))])
+    written = write_all("diff", [(args.html, lambda: page(m, str(submission), args.as_written))])
     return 0 if written else 2
 
 

@@ -3,6 +3,7 @@ then by what they implement; the Gradescope switch off by default, the reference
 results.json without it."""
 
 import json
+import re
 import zipfile
 from pathlib import Path
 
@@ -104,10 +105,38 @@ def test_after_a_pass_each_definition_in_the_contracts_order(tmp_path, capsys):
     order = [line.split()[1] for line in out.splitlines() if line.startswith("== ")]
     assert order[:3] == ["TransformerConfig", "Transformer.__init__", "Transformer.encode"]
     assert order.index("noam_rate") < order.index("fit") < order.index("load_transformer")
-    assert "identical" in out and out.rstrip().endswith("definitions identical to the reference")
+    assert "identical" in out
+    assert out.rstrip().endswith(
+        "identical to the reference (comments, docstrings and blank lines aside)"
+    )
     said = out.rstrip().splitlines()[-1].split()
     assert said[0] == said[2]  # impl against itself: every definition identical
     assert "<table" in page.read_text()
+
+
+def test_the_reference_in_a_students_own_words_is_no_difference(tmp_path, capsys):
+    # impl's code with its comments and docstrings rewritten, blank lines added: the code is
+    # the same, so is every definition; as written, they differ
+    mine = tmp_path / "transformer.py"
+    text = IMPL.read_text().replace("  # ", "  # my note: ")
+    text = re.sub(r'"""(?=[A-Z])', '"""Mine: ', text)
+    mine.write_text(text.replace("\n    def ", "\n\n    # a method\n    def "))
+    grade = _grade_json(tmp_path, mine)
+    assert main(["diff", str(mine), "--grade", str(grade)]) == 0
+    said = capsys.readouterr().out.rstrip().splitlines()
+    assert all(line.endswith(": identical") for line in said if line.startswith("== ")), said
+    assert main(["diff", str(mine), "--grade", str(grade), "--as-written"]) == 0
+    as_written = capsys.readouterr().out.rstrip().splitlines()[-1].split()
+    assert int(as_written[0]) < int(as_written[2])
+    assert as_written[-1] == "reference"  # no "aside" when written as is
+
+
+def test_code_lines_keep_code_and_strings_that_look_like_comments():
+    source = (
+        'def f(x):\n    """Doc\n    more."""\n\n'
+        '    y = "# not a comment"  # a comment\n    return y\n'
+    )
+    assert diff.code_lines(source) == ["def f(x):", '    y = "# not a comment"', "    return y"]
 
 
 def test_helpers_are_matched_by_what_they_implement():
@@ -128,7 +157,7 @@ def test_the_html_page_escapes_the_students_code_and_names(tmp_path):
         + '\n\ndef evil_helper():\n    return "</td><script>alert(1)</script>"\n'
         + "\n\nclass Transformer2:  # <img src=x onerror=alert(2)>\n    pass\n"
     )
-    page = diff.page(diff.matching(hostile), "<b>x</b>.py")
+    page = diff.page(diff.matching(hostile), "<b>x</b>.py", as_written=True)
     assert "<script>" not in page and "<img" not in page and "<b>x" not in page
     assert "&lt;script&gt;" in page
 
