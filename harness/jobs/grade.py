@@ -46,6 +46,7 @@ from harness.options import (
 from harness.outcomes import Outcome
 from harness.records import Cell, Grade
 from harness.reports import grades as tables
+from harness.reports.class_report import html_report
 from harness.reports.grade import junit, text, to_json
 from harness.reports.gradescope import gradescope, refusal
 from harness.reports.safe import to_csv
@@ -318,12 +319,23 @@ def _relocated(value: Any, here: str, there: str) -> Any:
 
 def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("folder", help="a folder of submissions (.py files or packages)")
-    parser.add_argument("--out", metavar="DIR", default="grades", help="where reports go")
+    parser.add_argument(
+        "--out",
+        metavar="DIR",
+        default="grades",
+        help="where reports go: grades.csv, hardest_tests.csv, report.html (a class report) and "
+        "one Gradescope JSON each",
+    )
     parser.add_argument("--jobs", type=positive(int), default=os.cpu_count() or 1, help="at once")
     _add_gradescope(parser)
     _add_limits(parser)
     add_dtype(parser)
     work.add_scheduler(parser)
+
+
+def _gradescope_name(g: Grade) -> str:
+    """The file grade-batch writes a submission's results.json to, in --out."""
+    return f"{Path(g.submission).stem}.gradescope.json"
 
 
 def run_grade_batch(args: argparse.Namespace) -> int:
@@ -337,7 +349,8 @@ def run_grade_batch(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return usage_error("grade-batch", f"cannot create {out}: {e.strerror or e}")
-    names = ["grades.csv", "hardest_tests.csv"] + [f"{p.stem}.gradescope.json" for p in paths]
+    names = ["grades.csv", "hardest_tests.csv", "report.html"]
+    names += [f"{p.stem}.gradescope.json" for p in paths]
     for name in names:
         if problem := report_path_problem(out / name):
             return usage_error("grade-batch", f"cannot write a report: {problem}")
@@ -362,7 +375,7 @@ def run_grade_batch(args: argparse.Namespace) -> int:
     except work.ClusterProblem as e:
         return usage_error("grade-batch", str(e))
     # every worker is gone: only now does anything get written
-    graded = [tables.Graded.of(g) for g in grades]
+    graded = [tables.Graded.of(g, str(out / _gradescope_name(g))) for g in grades]
     table, worst = tables.batch_table(graded), tables.hardest(graded)  # CSVs: reports.safe
 
     def scope(g: Grade) -> Callable[[], dict[str, Any]]:
@@ -373,11 +386,15 @@ def run_grade_batch(args: argparse.Namespace) -> int:
         [
             (out / "grades.csv", lambda: to_csv(table)),
             (out / "hardest_tests.csv", lambda: to_csv(worst)),
-            *[(out / f"{Path(g.submission).stem}.gradescope.json", scope(g)) for g in grades],
+            (out / "report.html", lambda: html_report(graded, out)),
+            *[(out / _gradescope_name(g), scope(g)) for g in grades],
         ],
     )
     print(tables.summary_text(graded))
-    print(f"\nwrote {out}/grades.csv, {out}/hardest_tests.csv and one Gradescope JSON each")
+    print(
+        f"\nwrote {out}/grades.csv, {out}/hardest_tests.csv, {out}/report.html and one "
+        "Gradescope JSON each"
+    )
     if any(g.error for g in grades):
         return 3
     if not written:

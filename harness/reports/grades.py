@@ -9,6 +9,11 @@ records from its grades; summarize reads them from a folder of Gradescope result
 `output`, `tests[]` with `name`, `score`, `max_score`, `status`, `output`), which is where a
 course that grades on Gradescope has them. A file that is not such a results file (not JSON, cut
 short, fields of the wrong type) is named, skipped and counted; it never stops the summary.
+
+Both also write report.html (harness.reports.class_report) from the same records, which carry
+what the tables leave out: the first divergences the diagnosis names (`first_causes`, from a
+grade's diagnosis or read back from its tests' output), the grading time where recorded, and
+the submission's own report file.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from collections.abc import Iterator, Sequence
+import re
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +33,7 @@ from harness.isolation.worker import printable
 from harness.options import usage_error
 from harness.outcomes import Outcome
 from harness.records import Grade
+from harness.reports.class_report import html_report
 from harness.reports.safe import markdown_table, to_csv
 from harness.reports.writer import report_path_problem, write_all
 
@@ -67,19 +74,72 @@ class Graded:
     tests: list[TestLine] = field(default_factory=list)
     rejected: str = ""  # why nothing of it ran, if nothing did
     error: str = ""  # the grader's own failure on it, if any
+    causes: tuple[tuple[str, str], ...] = ()  # first divergences named: (where, cause or "")
+    seconds: float | None = None  # how long grading it took, where recorded
+    report: str = ""  # the path of its own report file, where one was written
 
     @classmethod
-    def of(cls, g: Grade) -> Graded:
+    def of(cls, g: Grade, report: str = "") -> Graded:
         """A grade as the tables read it (grade-batch's; summarize reads results files)."""
         lines = [TestLine(t.name, t.passed, t.outcome.value) for t in g.tests]
         name = Path(g.submission).name
-        return cls(name, g.score, g.max_score, g.passed, lines, g.rejected, g.error)
+        causes = first_causes(g.diagnosis.values())
+        return cls(
+            name,
+            g.score,
+            g.max_score,
+            g.passed,
+            lines,
+            g.rejected,
+            g.error,
+            causes,
+            g.seconds,
+            report,
+        )
 
     @property
     def counted(self) -> bool:
         """Does it count among the submissions that ran? A rejected submission and a grader
         error failed no test."""
         return not self.rejected and not self.error
+
+
+# How the diagnosis names a first divergence (harness.shared_tests.diagnosis.divergence):
+# "first divergence: WHERE[, max abs error N (relative)][: CAUSE][; largest: ...]; the logits
+# differ by ...", one line per config, in a grade's diagnosis and in its value test's output.
+_DIVERGENCE = "first divergence: "
+_AFTER = ("; largest: ", "; the logits differ by ")
+_SIZE = re.compile(r", max abs error [^:;]*?\(relative\)")
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+MAX_CAUSES = 20  # per submission: a results file is untrusted text
+MAX_CAUSE_CHARS = 300
+
+
+def first_causes(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """Each first divergence the diagnosis names in `texts` (its lines, or test outputs that hold
+    them) as (where, cause), cause "" where none is named; causes that differ only in their
+    numbers (another config's error sizes, its eps) are one, the first said kept."""
+    found: dict[tuple[str, str], tuple[str, str]] = {}
+    for text in texts:
+        for line in text.splitlines() if isinstance(text, str) else ():
+            start = line.find(_DIVERGENCE)
+            if start < 0:
+                continue
+            said = line[start + len(_DIVERGENCE) :]
+            for end in _AFTER:
+                said = said.split(end, 1)[0]
+            size = _SIZE.search(said)
+            if size and ": " not in said[: size.start()]:
+                where, cause = said[: size.start()], said[size.end() :].removeprefix(": ")
+            else:
+                where, _, cause = said.partition(": ")
+            where = printable(where.strip())[:MAX_CAUSE_CHARS]
+            cause = printable(cause.strip())[:MAX_CAUSE_CHARS]
+            if where:
+                found.setdefault((where, _NUMBER.sub("#", cause)), (where, cause))
+            if len(found) >= MAX_CAUSES:
+                return tuple(found.values())
+    return tuple(found.values())
 
 
 def batch_table(grades: Sequence[Graded]) -> pd.DataFrame:
@@ -235,7 +295,15 @@ def read_results(path: Path, submission: str) -> Graded:
         rejected = printable(first)
         tests = [TestLine(t.name, False, Outcome.ERROR.value) for t in tests]  # as grade-batch's
     passed = bool(tests) and all(t.passed for t in tests) and not error
-    return Graded(submission, score, sum(m for _, _, m in lines), passed, tests, rejected, error)
+    most = sum(m for _, _, m in lines)
+    causes = first_causes(e.get("output", "") for e in entries if isinstance(e, dict))
+    took = data.get("execution_time")  # optional in Gradescope's format: never a reason to skip
+    seconds = None
+    if isinstance(took, int | float) and not isinstance(took, bool) and 0 <= took < math.inf:
+        seconds = float(took)
+    return Graded(
+        submission, score, most, passed, tests, rejected, error, causes, seconds, str(path)
+    )
 
 
 def results_files(folder: Path, patterns: Sequence[str] = PATTERNS) -> Iterator[Path]:
@@ -282,7 +350,9 @@ def configure_summarize(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("folder", help="a folder of collected results.json files (recursively)")
     parser.add_argument(
-        "--out", metavar="DIR", help="also write grades.csv and hardest_tests.csv there"
+        "--out",
+        metavar="DIR",
+        help="also write grades.csv, hardest_tests.csv and report.html (a class report) there",
     )
     parser.add_argument("--markdown", metavar="FILE", help="both tables as Markdown")
     parser.add_argument(
@@ -303,7 +373,7 @@ def run_summarize(args: argparse.Namespace) -> int:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             return usage_error("summarize", f"cannot create {out}: {e.strerror or e}")
-    paths = [out / "grades.csv", out / "hardest_tests.csv"] if out else []
+    paths = [out / "grades.csv", out / "hardest_tests.csv", out / "report.html"] if out else []
     for path in [*paths, *([args.markdown] if args.markdown else [])]:
         if problem := report_path_problem(path):
             return usage_error("summarize", f"cannot write a report: {problem}")
@@ -323,11 +393,12 @@ def run_summarize(args: argparse.Namespace) -> int:
         [
             (paths[0] if out else None, lambda: to_csv(batch_table(grades))),
             (paths[1] if out else None, lambda: to_csv(hardest(grades))),
+            (paths[2] if out else None, lambda: html_report(grades, out or Path("."))),
             (args.markdown, lambda: markdown(grades)),
         ],
     )
     if out:
-        print(f"wrote {out}/grades.csv and {out}/hardest_tests.csv")
+        print(f"wrote {out}/grades.csv, {out}/hardest_tests.csv and {out}/report.html")
     if not written:
         return 2
     return 1 if skipped else 0

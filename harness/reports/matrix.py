@@ -177,13 +177,19 @@ def markdown(run: SuiteRun, summary: Summary) -> str:
     return "\n".join(lines) + "\n"
 
 
-_COLORS = {
+# Each outcome's cell color, and the pages' style: the class report (reports.class_report) uses
+# both, so a grid reads the same in either page.
+OUTCOME_COLORS = {
     Outcome.PASSED: "#d9f2d9",
     Outcome.KILLED: "#f4b6b6",
     Outcome.ERROR: "#f7d08a",
     Outcome.TIMEOUT: "#c9b6f4",
     Outcome.NOT_APPLICABLE: "#e6e6e6",
 }
+STYLE = """body { font-family: sans-serif; }
+table { border-collapse: collapse; }
+td, th { border: 1px solid #999; padding: 3px 6px; font-size: 13px; text-align: center; }
+th:first-child { text-align: left; }"""
 
 
 def html_page(run: SuiteRun, summary: Summary) -> str:
@@ -200,7 +206,9 @@ def html_page(run: SuiteRun, summary: Summary) -> str:
         for s in run.subjects:
             c = run.cell(t.name, s.name)
             alarm = s.is_correct and c.outcome.false_alarm
-            style = f"background:{_COLORS[c.outcome]}" + (";outline:3px solid red" if alarm else "")
+            style = f"background:{OUTCOME_COLORS[c.outcome]}" + (
+                ";outline:3px solid red" if alarm else ""
+            )
             tip = esc(c.message or c.outcome.value)
             cells.append(f'<td style="{style}" title="{tip}">{esc(c.outcome.value)}</td>')
         rows.append(
@@ -208,7 +216,7 @@ def html_page(run: SuiteRun, summary: Summary) -> str:
             f"<td>{summary.kills_per_test[t.name]}</td></tr>"
         )
     legend = " ".join(
-        f'<span style="background:{_COLORS[o]};padding:2px 6px">{esc(o.value)}</span>'
+        f'<span style="background:{OUTCOME_COLORS[o]};padding:2px 6px">{esc(o.value)}</span>'
         for o in Outcome
     )
     alarms = "".join(
@@ -218,10 +226,7 @@ def html_page(run: SuiteRun, summary: Summary) -> str:
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>xfmr kill-rate matrix</title>
 <style>
-body {{ font-family: sans-serif; }}
-table {{ border-collapse: collapse; }}
-td, th {{ border: 1px solid #999; padding: 3px 6px; font-size: 13px; text-align: center; }}
-th:first-child {{ text-align: left; }}
+{STYLE}
 </style></head><body>
 <h1>Kill-rate matrix</h1>
 <p>{legend}</p>

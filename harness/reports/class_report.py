@@ -1,0 +1,372 @@
+"""report.html: a class's grades as one page staff open from disk (grade-batch and summarize
+write it beside grades.csv).
+
+The page holds the totals (students, mean and median score, each test's passes), the score
+histogram (inline SVG), a students x tests grid colored as the matrix's HTML report colors its
+cells (reports.matrix), the first divergences the diagnosis names most often, the slowest
+submissions where grading times are recorded, and what was not counted. Each student's row
+links to the student's own report file when one was written. No script, no external URL:
+inline CSS and SVG only. Every text of a record (a submission's name, a test's name, a cause,
+a reason) is student-controlled and goes through reports.safe.html_text; a link's path is
+percent-encoded first, so it names a file beside the page and nothing else.
+
+Totals are written as plain numbers in elements with stable ids (`students`, `mean-score`,
+`median-score`, `max-score`, `passed-all`, `not-counted`; each with `data-value`), each test's
+passes as `data-passed` and `data-of` on its row of `#tests` (`data-test`, its name), and each
+histogram bar's count as `data-count`: a test reads them back from the rendered page.
+
+It reads records as harness.reports.grades.Graded holds them (described here by protocols:
+grades imports this module, not the other way round).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+from urllib.parse import quote
+
+from harness.outcomes import Outcome
+from harness.reports.matrix import OUTCOME_COLORS, STYLE
+from harness.reports.safe import html_text as esc
+
+NOT_JUDGED = "not judged"  # a test missing from a record, or a submission that never ran
+NO_CAUSE = "no cause named"
+BINS = 10  # the histogram's bars: tenths of the maximum score
+SLOWEST = 10  # submissions listed by grading time
+# Each cell's class: an outcome (a results file's "failed" is a failure of unsaid kind).
+_CLASS = {
+    Outcome.PASSED.value: "passed",
+    Outcome.KILLED.value: "failed",
+    "failed": "failed",
+    Outcome.ERROR.value: "error",
+    Outcome.TIMEOUT.value: "timeout",
+    Outcome.NOT_APPLICABLE.value: "na",
+    NOT_JUDGED: "not-judged",
+}
+_MARK = {
+    "passed": "P",
+    "failed": "F",
+    "error": "E",
+    "timeout": "T",
+    "na": "-",
+    "not-judged": "?",
+}
+_COLOR = {
+    "passed": OUTCOME_COLORS[Outcome.PASSED],
+    "failed": OUTCOME_COLORS[Outcome.KILLED],
+    "error": OUTCOME_COLORS[Outcome.ERROR],
+    "timeout": OUTCOME_COLORS[Outcome.TIMEOUT],
+    "na": OUTCOME_COLORS[Outcome.NOT_APPLICABLE],
+    "not-judged": "#ffffff",
+}
+_SAID = {
+    "passed": "passed",
+    "failed": "failed",
+    "error": "crashed",
+    "timeout": "timed out",
+    "na": "not applicable",
+    "not-judged": "not judged",
+}
+
+
+class Line(Protocol):
+    """One test of one submission (grades.TestLine)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def passed(self) -> bool: ...
+    @property
+    def outcome(self) -> str: ...
+
+
+class Record(Protocol):
+    """One submission's grade (grades.Graded)."""
+
+    @property
+    def submission(self) -> str: ...
+    @property
+    def score(self) -> float: ...
+    @property
+    def max_score(self) -> float: ...
+    @property
+    def passed(self) -> bool: ...
+    @property
+    def tests(self) -> Sequence[Line]: ...
+    @property
+    def rejected(self) -> str: ...
+    @property
+    def error(self) -> str: ...
+    @property
+    def causes(self) -> Sequence[tuple[str, str]]: ...
+    @property
+    def seconds(self) -> float | None: ...
+    @property
+    def report(self) -> str: ...
+    @property
+    def counted(self) -> bool: ...
+
+
+def number(x: float) -> str:
+    """A score as shown: at most 4 significant digits, no trailing zeros."""
+    return f"{x:.4g}"
+
+
+def histogram_bins(grades: Sequence[Record]) -> list[int]:
+    """How many submissions score in each tenth of their maximum (the last tenth holds the
+    full score; a record of no maximum is in the first)."""
+    bins = [0] * BINS
+    for g in grades:
+        share = g.score / g.max_score if g.max_score > 0 else 0.0
+        share = min(max(share, 0.0), 1.0) if math.isfinite(share) else 0.0
+        bins[min(int(share * BINS), BINS - 1)] += 1
+    return bins
+
+
+def names_of_tests(grades: Sequence[Record]) -> list[str]:
+    """Every test any record holds, in the order first met."""
+    return list(dict.fromkeys(t.name for g in grades for t in g.tests))
+
+
+def pass_counts(grades: Sequence[Record]) -> dict[str, tuple[int, int]]:
+    """Each test's (passes, submissions holding it)."""
+    counts = {name: [0, 0] for name in names_of_tests(grades)}
+    for g in grades:
+        for t in g.tests:
+            counts[t.name][0] += bool(t.passed)
+            counts[t.name][1] += 1
+    return {name: (p, n) for name, (p, n) in counts.items()}
+
+
+def cause_counts(grades: Sequence[Record]) -> tuple[list[tuple[tuple[str, str], int]], int]:
+    """The first divergences named, most students first ((where, cause), students), and how
+    many submissions that ran and failed a test had none named."""
+    named: Counter[tuple[str, str]] = Counter()
+    unnamed = 0
+    for g in grades:
+        if g.counted and g.causes:
+            named.update(set(g.causes))
+        elif g.counted and not g.passed:
+            unnamed += 1
+    return sorted(named.items(), key=lambda kv: (-kv[1], kv[0])), unnamed
+
+
+def _href(report: str, folder: str | Path) -> str:
+    """The link to a report file from the page in `folder`: relative, percent-encoded (a name's
+    `:` or `#` stays part of the path), escaped for the attribute."""
+    relative = quote(Path(os.path.relpath(report, folder)).as_posix(), safe="/")
+    return esc(relative if relative.startswith("../") else "./" + relative)
+
+
+def _why(g: Record) -> str:
+    """Why a record was not counted ("" if it was): the rejection, or the grader error's first
+    line."""
+    if g.rejected:
+        return g.rejected
+    return f"grader error: {(g.error.splitlines() or [''])[0]}" if g.error else ""
+
+
+def _cell_class(g: Record, t: Line | None) -> str:
+    if t is None or not g.counted:
+        return "not-judged"
+    return _CLASS.get(t.outcome, "passed" if t.passed else "failed")
+
+
+def totals(grades: Sequence[Record]) -> dict[str, float | None]:
+    """The page's totals by element id: students, mean and median score, the maximum score
+    (None when the records' maxima differ), how many passed every test, how many were not
+    counted (never ran). Mean and median are over every record, as grades.csv's score column."""
+    scores = [g.score for g in grades]
+    maxima = {g.max_score for g in grades}
+    return {
+        "students": len(grades),
+        "mean-score": statistics.fmean(scores) if scores else None,
+        "median-score": statistics.median(scores) if scores else None,
+        "max-score": maxima.pop() if len(maxima) == 1 else None,
+        "passed-all": sum(g.passed for g in grades),
+        "not-counted": sum(not g.counted for g in grades),
+    }
+
+
+_TOTALS = {
+    "students": "students",
+    "mean-score": "mean score",
+    "median-score": "median score",
+    "max-score": "maximum score",
+    "passed-all": "passed every test",
+    "not-counted": "not counted (never ran)",
+}
+
+
+def _totals(grades: Sequence[Record]) -> str:
+    rows = []
+    for key, value in totals(grades).items():
+        data = "" if value is None else repr(value)
+        shown = "none" if value is None else number(value)
+        rows.append(
+            f'<tr><th>{_TOTALS[key]}</th><td id="{key}" data-value="{data}">{shown}</td></tr>'
+        )
+    return f'<table id="totals">{"".join(rows)}</table>'
+
+
+def _histogram(grades: Sequence[Record]) -> str:
+    bins = histogram_bins(grades)
+    top = max(bins, default=0) or 1
+    width, height, bar = 40, 160, 32
+    bars = []
+    for i, count in enumerate(bins):
+        low, high = 100 * i // BINS, 100 * (i + 1) // BINS
+        h = round(height * count / top)
+        x = 30 + i * width
+        label = f"{low}-{high}%"
+        bars.append(
+            f'<rect x="{x}" y="{20 + height - h}" width="{bar}" height="{h}" fill="#7aa6d6" '
+            f'data-bin="{i}" data-from="{low}" data-to="{high}" data-count="{count}">'
+            f"<title>{label}: {count}</title></rect>"
+            f'<text x="{x + bar / 2}" y="{14 + height - h}" text-anchor="middle">{count}</text>'
+            f'<text x="{x + bar / 2}" y="{height + 36}" text-anchor="middle">{low}</text>'
+        )
+    full = 30 + BINS * width
+    return (
+        f'<svg id="histogram" width="{full + 20}" '
+        f'height="{height + 64}" font-size="11" role="img">'
+        f"<title>Scores, in tenths of the maximum</title>"
+        f'<line x1="26" y1="{20 + height}" x2="{full}" y2="{20 + height}" stroke="#333"/>'
+        f"{''.join(bars)}"
+        f'<text x="{full / 2}" y="{height + 56}" text-anchor="middle">'
+        "score, % of the maximum (the last bar holds 100%)</text></svg>"
+    )
+
+
+def _grid(grades: Sequence[Record], names: list[str], folder: str | Path) -> str:
+    head = "".join(f'<th title="{esc(n)}">{i + 1}</th>' for i, n in enumerate(names))
+    rows = []
+    for g in grades:
+        lines = {t.name: t for t in g.tests}
+        why = _why(g)
+        cells = []
+        for n in names:
+            kind = _cell_class(g, lines.get(n))
+            tip = f"{n}: {_SAID[kind]}" + (f" ({why})" if why else "")
+            cells.append(
+                f'<td class="{kind}" data-outcome="{_SAID[kind]}" title="{esc(tip)}">'
+                f"{_MARK[kind]}</td>"
+            )
+        name = esc(g.submission)
+        if g.report:
+            name = f'<a href="{_href(g.report, folder)}">{name}</a>'
+        rows.append(
+            f'<tr data-submission="{esc(g.submission)}"><th>{name}</th>'
+            f'<td data-score="{g.score!r}">{number(g.score)}/{number(g.max_score)}</td>'
+            f"{''.join(cells)}</tr>"
+        )
+    return (
+        f'<table id="grid"><tr><th>submission</th><th>score</th>{head}</tr>{"".join(rows)}</table>'
+    )
+
+
+def _tests(grades: Sequence[Record], names: list[str]) -> str:
+    counts = pass_counts(grades)
+    rows = "".join(
+        f'<tr data-test="{esc(n)}"><td>{i + 1}</td><th>{esc(n)}</th>'
+        f'<td data-passed="{counts[n][0]}" data-of="{counts[n][1]}">'
+        f"{counts[n][0]}/{counts[n][1]}</td></tr>"
+        for i, n in enumerate(names)
+    )
+    return f'<table id="tests"><tr><th>#</th><th>test</th><th>passed</th></tr>{rows}</table>'
+
+
+def _causes(grades: Sequence[Record]) -> str:
+    named, unnamed = cause_counts(grades)
+    rows = "".join(
+        f'<tr data-students="{n}"><td>{n}</td><td>{esc(where)}</td>'
+        f'<td class="cause">{esc(cause or NO_CAUSE)}</td></tr>'
+        for (where, cause), n in named
+    )
+    if unnamed:
+        rows += (
+            f'<tr data-students="{unnamed}"><td>{unnamed}</td><td></td>'
+            f'<td class="cause">{NO_CAUSE} (failed a test; the grade names no first '
+            "divergence)</td></tr>"
+        )
+    if not rows:
+        return '<p id="causes">No submission that ran failed a test.</p>'
+    return (
+        '<table id="causes"><tr><th>students</th><th>first divergence</th><th>cause</th></tr>'
+        f"{rows}</table>"
+    )
+
+
+def _slowest(grades: Sequence[Record]) -> str:
+    timed = [g for g in grades if g.seconds is not None]
+    if not timed:
+        return (
+            '<p id="slowest">No grading time is recorded for these submissions (a results '
+            "file's execution_time is optional), so none is listed.</p>"
+        )
+    ranked = sorted(timed, key=lambda g: -(g.seconds or 0.0))[:SLOWEST]
+    rows = "".join(
+        f'<tr><th>{esc(g.submission)}</th><td data-seconds="{g.seconds!r}">'
+        f"{g.seconds or 0.0:.1f} s</td></tr>"
+        for g in ranked
+    )
+    untimed = len(grades) - len(timed)
+    note = f"<p>Submissions with no recorded time: {untimed}.</p>" if untimed else ""
+    return (
+        f'<table id="slowest"><tr><th>submission</th><th>grading time</th></tr>{rows}</table>{note}'
+    )
+
+
+def _not_counted(grades: Sequence[Record]) -> str:
+    items = "".join(
+        f"<li>{esc(g.submission)}: {esc(_why(g))}</li>" for g in grades if not g.counted
+    )
+    return f'<ul id="not-counted-list">{items}</ul>' if items else "<p>None.</p>"
+
+
+def html_report(grades: Sequence[Record], folder: str | Path = ".") -> str:
+    """The class report of `grades`, to be written in `folder` (its links to each submission's
+    report file are relative to it)."""
+    names = names_of_tests(grades)
+    cells = "\n".join(f"td.{k} {{ background: {c}; }}" for k, c in _COLOR.items())
+    legend = " ".join(
+        f'<span class="key {k}" style="background:{c};padding:2px 6px">{_MARK[k]} {_SAID[k]}</span>'
+        for k, c in _COLOR.items()
+    )
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>xfmr class report</title>
+<style>
+{STYLE}
+{cells}
+td.not-judged {{ color: #777; }}
+td.cause {{ text-align: left; }}
+#totals td {{ text-align: right; }}
+#grid th:first-child, #slowest th, #tests th {{ text-align: left; }}
+.key {{ border: 1px solid #999; }}
+</style></head><body>
+<h1>Class report</h1>
+<h2>Totals</h2>
+{_totals(grades)}
+<h2>Scores</h2>
+{_histogram(grades)}
+<h2>Students x tests</h2>
+<p>{legend}</p>
+<p>Columns are the tests by number (below); hover a cell for its test and outcome. A submission
+that never ran (rejected, or a grader error) has every test not judged.</p>
+{_grid(grades, names, folder)}
+<h2>Tests</h2>
+{_tests(grades, names)}
+<h2>First divergences the diagnosis names most</h2>
+<p>Each counted once per student; causes that differ only in their numbers are one.</p>
+{_causes(grades)}
+<h2>Slowest submissions</h2>
+{_slowest(grades)}
+<h2>Not counted</h2>
+{_not_counted(grades)}
+</body></html>
+"""
