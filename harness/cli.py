@@ -49,7 +49,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "grade-batch": ("harness.jobs.grade", "grade every submission in a folder"),
     "autograder": (
         "harness.jobs.autograder",
-        "build the Gradescope autograder zip (xfmr autograder gradescope --out autograder.zip)",
+        "the Gradescope autograder zip and the PrairieLearn grader: build, try "
+        "(xfmr autograder gradescope --out autograder.zip; try autograder.zip transformer.py)",
     ),
     "summarize": (
         "harness.reports.grades",

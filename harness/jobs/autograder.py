@@ -1,250 +1,44 @@
-"""`xfmr autograder gradescope --out autograder.zip`: the whole Gradescope autograder, built.
+"""`xfmr autograder`: the Gradescope autograder zip and the PrairieLearn grader, built; tried
+before uploading; and the steps their scripts run.
 
-The zip holds, at its root (Gradescope's specification:
-https://gradescope-autograders.readthedocs.io/en/latest/specs/, after Otter-Grader's
-`otter generate`, which also ships its own source and a setup.sh of its own):
-
-- setup.sh: run once, as root, when Gradescope builds the image (Ubuntu 22.04's python3 is
-  3.10): bubblewrap; a Python >= 3.11 (the image's, else Ubuntu's python3.11, else deadsnakes');
-  a venv with the CPU build of torch and this project (editable, from the shipped source); the
-  container tier's user; /autograder closed to it; then `xfmr autograder probe` proves which
-  isolation tier works in this very container and records it for run_autograder.
-- run_autograder: per submission, as root: `xfmr grade /autograder/submission --gradescope
-  /autograder/results/results.json --isolation TIER` (the tier setup.sh proved; none proved: a
-  refusal), and a results.json of its own if the grade left none (Python itself broken).
-- xfmr-oracle/: this project's source at this version (the packages, pyproject.toml, the README
-  and the contract), installed by setup.sh.
-- assignment.json: the tests, their points and visibility (from the law records), the total to
-  enter in Gradescope, the options run_autograder grades with.
-
-`xfmr autograder probe` and `xfmr autograder refuse` are setup.sh's and run_autograder's.
+- `gradescope --out autograder.zip`, `prairielearn --out DIR`: the platforms' files, from one set
+  of scripts (harness.jobs.autograder_files says what each holds).
+- `try AUTOGRADER SUBMISSION`: the build and one job, as the platform runs them, in a simulated
+  container (harness.jobs.autograder_try).
+- `probe`, `refuse`, `prairielearn-results`: the scripts' own steps (which isolation tier works
+  here; a results.json when none does; a grade's report in PrairieLearn's format).
 """
 
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
-import shlex
+import shutil
 import sys
-import zipfile
+import tempfile
 from collections.abc import Sequence
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from harness.isolation.container import ContainerUnavailable
+from harness.isolation.container import USER, ContainerUnavailable
 from harness.isolation.sandbox import (
     CONTAINER_TIER,
-    PROJECT_ROOT,
     SANDBOX_TIER,
     SandboxUnavailable,
     tier_check,
 )
+from harness.jobs import autograder_files as files
+from harness.jobs.autograder_try import configure_try, run_try
 from harness.options import positive, usage_error
-from harness.reports.gradescope import refusal
+from harness.records import Grade, TestResult
+from harness.reports import gradescope, prairielearn
 from harness.reports.writer import report_path_problem, write_all, write_report
 from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 from harness.shared_tests.record import VISIBILITIES, Test
 
-PROJECT_DIR = "xfmr-oracle"  # the project's source, inside the zip and /autograder/source
-PACKAGES = ("oracle", "impl", "mutants", "harness", "tasks", "demos")
-TOP_FILES = ("pyproject.toml", "README.md", "CONTRACT.md")
-VENV = "/opt/xfmr-oracle/venv"  # setup.sh's default; XFMR_VENV changes it
-TORCH = "torch==2.13.0"
-
-SETUP_SH = r"""#!/usr/bin/env bash
-# setup.sh of the xfmr-oracle {version} Gradescope autograder (built by `xfmr autograder
-# gradescope`). Gradescope runs it once, as root, when it builds the autograder's image.
-# XFMR_SKIP_INSTALL=1 skips the apt and pip steps (an image that has them: the CI's simulation).
-set -euo pipefail
-SOURCE=/autograder/source
-PROJECT="$SOURCE/{project}"
-VENV="${{XFMR_VENV:-{venv}}}"
-STUDENT={user}
-export DEBIAN_FRONTEND=noninteractive
-
-python_ok() {{  # a Python >= 3.11 that can make a venv
-    "$1" -c 'import sys, ensurepip, venv; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
-}}
-
-if [ "${{XFMR_SKIP_INSTALL:-0}}" != 1 ]; then
-    apt-get update
-    apt-get install -y --no-install-recommends bubblewrap libseccomp2 ca-certificates passwd
-    PYTHON=""
-    for candidate in python3.13 python3.12 python3.11 python3; do
-        if command -v "$candidate" >/dev/null && python_ok "$(command -v "$candidate")"; then
-            PYTHON="$(command -v "$candidate")"
-            break
-        fi
-    done
-    if [ -z "$PYTHON" ]; then  # Ubuntu 22.04: python3 is 3.10; its universe has python3.11
-        apt-get install -y --no-install-recommends python3.11 python3.11-venv || {{
-            apt-get install -y --no-install-recommends software-properties-common gpg-agent
-            add-apt-repository -y ppa:deadsnakes/ppa
-            apt-get update
-            apt-get install -y --no-install-recommends python3.11 python3.11-venv
-        }}
-        PYTHON="$(command -v python3.11)"
-    fi
-    python_ok "$PYTHON" || {{ echo "setup.sh: no Python >= 3.11 with venv" >&2; exit 1; }}
-    mkdir -p "$(dirname "$VENV")"
-    "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/pip" install --upgrade pip
-    # the CPU build, asked for explicitly: the default index would pull CUDA's gigabytes
-    "$VENV/bin/pip" install {torch} --index-url https://download.pytorch.org/whl/cpu
-    "$VENV/bin/pip" install -e "$PROJECT"
-fi
-echo "$VENV" > "$SOURCE/venv"
-
-# the container tier's user: no password, no login shell, no groups but its own
-id -u "$STUDENT" >/dev/null 2>&1 || useradd --system --user-group --no-create-home \
-    --home-dir /nonexistent --shell /usr/sbin/nologin "$STUDENT"
-# nothing of the grader within its reach: the reference, the oracle, the reports are under
-# /autograder; it reads only the interpreter and the venv's packages
-chmod 700 /autograder
-chmod -R go-rwx "$PROJECT"
-
-# which isolation tier works in this container, proved by a trial of each (run_autograder
-# passes it to xfmr grade); none: every submission gets a results.json saying why
-PYTHONPATH="$PROJECT" "$VENV/bin/python" -m harness.cli autograder probe \
-    --record "$SOURCE/isolation" --hidden /autograder
-"""
-
-RUN_AUTOGRADER = r"""#!/usr/bin/env bash
-# run_autograder of the xfmr-oracle {version} Gradescope autograder: Gradescope runs it as root,
-# in /autograder, once per submission. It always leaves a valid results.json.
-SOURCE=/autograder/source
-PROJECT="$SOURCE/{project}"
-RESULTS=/autograder/results
-VENV="$(cat "$SOURCE/venv" 2>/dev/null || echo {venv})"
-TIER="$(head -n 1 "$SOURCE/isolation" 2>/dev/null)"
-mkdir -p "$RESULTS"
-chmod 700 /autograder "$RESULTS"
-rm -f "$RESULTS/results.json"
-cd /autograder
-run() {{
-    env -i PATH=/usr/local/bin:/usr/bin:/bin HOME=/root LANG=C.UTF-8 PYTHONPATH="$PROJECT" \
-        "$VENV/bin/python" -m harness.cli "$@"
-}}
-case "$TIER" in
-    {sandbox}|{container})
-        run grade /autograder/submission --gradescope "$RESULTS/results.json" \
-            --isolation "$TIER" {options}{grade_json}
-        ;;
-    *)  # setup.sh proved no tier (its reasons are in $SOURCE/isolation)
-        run autograder refuse --why "$SOURCE/isolation" --out "$RESULTS/results.json" \
-            {refuse}
-        ;;
-esac
-status=$?
-{reveal}if [ ! -s "$RESULTS/results.json" ]; then  # the grader could not even report: say so
-    MSG="NOT GRADED: the autograder failed before it could report (status $status); this is "
-    MSG+="not a verdict on your code, and its score of 0 stands only until course staff "
-    MSG+="regrade it.\\nCourse staff: the autograder's output (stdout) says why; fix it, then "
-    MSG+="regrade."
-    printf '{{"score": 0.0, "output": "%s", "output_format": "text", "tests": [],\n' "$MSG" \
-        > "$RESULTS/results.json"
-    printf ' "visibility": "{visibility}", "stdout_visibility": "{stdout_visibility}"}}\n' \
-        >> "$RESULTS/results.json"
-fi
-echo "xfmr grade exit status: $status (0 all passed, 1 some failed or rejected, 2 not graded," \
-    "3 grader error)"
-exit 0
-"""
-
-
-def _source_files(root: Path = PROJECT_ROOT) -> list[tuple[str, Path]]:
-    """The project's source as shipped: its packages (data included; caches and compiled files
-    left out) and the top-level files its install reads."""
-    found = [(name, root / name) for name in TOP_FILES if (root / name).is_file()]
-    for package in PACKAGES:
-        for folder, dirs, files in os.walk(root / package):
-            dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
-            for name in sorted(files):
-                if name.endswith((".pyc", ".pyo")) or name.startswith("."):
-                    continue
-                path = Path(folder) / name
-                if not path.is_symlink():
-                    found.append((path.relative_to(root).as_posix(), path))
-    return found
-
-
-def assignment(tests: Sequence[Test]) -> dict[str, Any]:
-    """The assignment as Gradescope's settings need it: the total and each test's share."""
-    return {
-        "total_points": float(sum(t.points for t in tests)),
-        "tests": [
-            {"name": t.name, "law": t.law, "points": float(t.points), "visibility": t.visibility}
-            for t in tests
-        ],
-    }
-
-
-def _grade_options(args: argparse.Namespace) -> list[str]:
-    options = ["--visibility", args.visibility, "--stdout-visibility", args.stdout_visibility]
-    if args.tests:
-        options += ["--tests", args.tests]
-    if args.time_limit:
-        options += ["--time-limit", str(args.time_limit)]
-    return options
-
-
-# --reveal-reference-after-pass (a course policy, off by default): the grade also writes its JSON,
-# and `xfmr diff` adds the student's code beside the reference to a full-score results.json
-# (harness.diff; it reads the submission's source, never runs it). Without it nothing of impl
-# reaches a results.json.
-GRADE_JSON = ' --json "$RESULTS/grade.json"'
-REVEAL = """if [ -s "$RESULTS/grade.json" ]; then  # the reference, after a full score
-    run diff /autograder/submission --grade "$RESULTS/grade.json" \\
-        --gradescope "$RESULTS/results.json" > /dev/null
-fi
-rm -f "$RESULTS/grade.json"
-"""
-
-
-def build(args: argparse.Namespace, tests: Sequence[Test]) -> bytes:
-    """The autograder zip's bytes."""
-    options = _grade_options(args)
-    reveal = bool(getattr(args, "reveal_reference_after_pass", False))
-    refuse = [*options[:4], *options[4:6]]  # visibility and the tests, not the time limit
-    fill = {
-        "version": version("xfmr-oracle"),
-        "project": PROJECT_DIR,
-        "venv": VENV,
-        "user": args.user,
-        "torch": TORCH,
-        "sandbox": SANDBOX_TIER,
-        "container": CONTAINER_TIER,
-        "options": shlex.join(options),
-        "refuse": shlex.join(refuse),
-        "visibility": args.visibility,
-        "stdout_visibility": args.stdout_visibility,
-        "grade_json": GRADE_JSON if reveal else "",
-        "reveal": REVEAL if reveal else "",
-    }
-    data = io.BytesIO()
-    with zipfile.ZipFile(data, "w", zipfile.ZIP_DEFLATED) as z:
-
-        def add(name: str, content: bytes, mode: int = 0o644) -> None:
-            info = zipfile.ZipInfo(name, date_time=(2026, 1, 1, 0, 0, 0))
-            info.external_attr = (0o100000 | mode) << 16
-            info.compress_type = zipfile.ZIP_DEFLATED
-            z.writestr(info, content)
-
-        add("setup.sh", SETUP_SH.format(**fill).encode(), 0o755)
-        add("run_autograder", RUN_AUTOGRADER.format(**fill).encode(), 0o755)
-        about = assignment(tests) | {
-            "version": fill["version"],
-            "run_autograder_grades_with": options,
-            "container_tier_user": args.user,
-            "reveal_reference_after_pass": reveal,
-        }
-        add("assignment.json", (json.dumps(about, indent=2) + "\n").encode())
-        for name, path in _source_files():
-            add(f"{PROJECT_DIR}/{name}", path.read_bytes())
-    return data.getvalue()
+FORMATS = ("gradescope", "prairielearn")
 
 
 def _selected(names: str | None) -> list[Test]:
@@ -275,7 +69,94 @@ def probe(hidden: Sequence[Path]) -> tuple[str, list[str]]:
     return "none", said
 
 
+# --- the steps of the platforms' scripts --------------------------------------------------------
+
+
+def refused(args: argparse.Namespace) -> dict[str, Any]:
+    """The results.json of `refuse`: no isolation tier works here, and why (the probe's record)."""
+    try:
+        said = Path(args.why).read_text().strip().splitlines()[1:]
+    except OSError as e:
+        said = [f"the probe's record {args.why} could not be read: {e.strerror or e}"]
+    why = (
+        "no isolation tier works in this container, so no submission is run ("
+        + "; ".join(said or ["the probe recorded no reason"])
+        + "). Rebuild the grader where bubblewrap can start, or where the container tier's "
+        "user exists and the grader's folders are closed to it (see the README's Gradescope "
+        "and PrairieLearn sections), then regrade."
+    )
+    tests = _selected(args.tests)
+    if args.format == "prairielearn":
+        return prairielearn.refusal(tests, why)
+    return gradescope.refusal(tests, why, args.visibility, args.stdout_visibility)
+
+
+def grade_of(report: dict[str, Any]) -> Grade:
+    """The Grade of `xfmr grade --json`'s report (harness.reports.grade.to_json)."""
+    return Grade(
+        report["submission"],
+        [TestResult.from_json(t) for t in report["tests"]],
+        report["rejected"],
+        report["diagnosis"],
+        report["seconds"],
+        report["isolation"],
+        report["grader_error"],
+        report["start_seconds"],
+    )
+
+
+def converted(args: argparse.Namespace) -> dict[str, Any]:
+    """The results.json of `prairielearn-results`: the grade's report in PrairieLearn's format;
+    no report (the grade refused, or broke before it could write one): not graded, and why."""
+    try:
+        return prairielearn.prairielearn(grade_of(json.loads(Path(args.grade).read_text())))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        problem = f"{type(e).__name__}: {e}"
+    tests = _selected(args.tests)
+    log = files.PRAIRIELEARN.log
+    if args.status == 2:  # nothing was graded: a refusal, said on the grade's stderr
+        return prairielearn.refusal(tests, f"xfmr grade refused to grade (exit 2); {log} says why")
+    return prairielearn.fault(
+        tests, f"xfmr grade left no report (exit status {args.status}; {problem}); {log} says why"
+    )
+
+
+def write_folder(out: Path, found: Sequence[tuple[str, Any, int]]) -> str:
+    """Write the files (name under `out`, content, mode) as `out`, whole: built beside it, then
+    put in its place (an earlier build of ours is replaced; anything else is left). Returns the
+    problem ("" if none)."""
+    if out.exists() and not (out / "image" / "Dockerfile").is_file():
+        if not out.is_dir() or any(out.iterdir()):
+            return f"{out} exists and is not an earlier `xfmr autograder prairielearn` folder"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fresh = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        for name, content, mode in found:
+            path = fresh / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content())
+            path.chmod(mode)
+        fresh.chmod(0o755)
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(fresh, out)
+    finally:
+        shutil.rmtree(fresh, ignore_errors=True)
+    return ""
+
+
 # --- the command ------------------------------------------------------------------------------
+
+
+def _add_build_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--tests", metavar="NAMES", help="comma-separated shared tests to run")
+    parser.add_argument(
+        "--time-limit",
+        type=positive(float),
+        metavar="S",
+        help="cap every test's limit (seconds); loading keeps its own limit",
+    )
+    parser.add_argument("--user", default=USER, help="the container tier's user")
 
 
 def configure_autograder(parser: argparse.ArgumentParser) -> None:
@@ -284,14 +165,7 @@ def configure_autograder(parser: argparse.ArgumentParser) -> None:
         "gradescope", help="build the Gradescope autograder zip (setup.sh, run_autograder, source)"
     )
     build_it.add_argument("--out", default="autograder.zip", help="the zip to write")
-    build_it.add_argument("--tests", metavar="NAMES", help="comma-separated shared tests to run")
-    build_it.add_argument(
-        "--time-limit",
-        type=positive(float),
-        metavar="S",
-        help="cap every test's limit (seconds); loading keeps its own limit",
-    )
-    build_it.add_argument("--user", default="xfmr-student", help="the container tier's user")
+    _add_build_options(build_it)
     build_it.add_argument(
         "--reveal-reference-after-pass",
         action="store_true",
@@ -305,6 +179,33 @@ def configure_autograder(parser: argparse.ArgumentParser) -> None:
         build_it.add_argument(
             option, choices=VISIBILITIES, default=default, help=f"Gradescope's, for {what}"
         )
+    learn = sub.add_parser(
+        "prairielearn",
+        help="build a PrairieLearn external-grader question: the image (Dockerfile, run.sh, "
+        "source) and the question (info.json, question.html)",
+    )
+    learn.add_argument("--out", default="prairielearn", metavar="DIR", help="the folder to write")
+    _add_build_options(learn)
+    learn.add_argument(
+        "--image",
+        default=f"xfmr-oracle/grader:{version('xfmr-oracle')}",
+        help="the image's name in info.json: the Docker Hub name you push it under",
+    )
+    learn.add_argument("--qid", default="xfmr-transformer", help="the question's folder (its QID)")
+    learn.add_argument(
+        "--timeout",
+        type=positive(int),
+        default=600,
+        metavar="S",
+        help="info.json's grading timeout (PrairieLearn's most, and the default: 600)",
+    )
+    configure_try(
+        sub.add_parser(
+            "try",
+            help="run the autograder on a submission as Gradescope (or PrairieLearn) does, in a "
+            "simulated container, and show the results.json",
+        )
+    )
     check_it = sub.add_parser("probe", help="(setup.sh) record which isolation tier works here")
     check_it.add_argument("--record", required=True, metavar="FILE", help="where to record it")
     check_it.add_argument(
@@ -319,12 +220,31 @@ def configure_autograder(parser: argparse.ArgumentParser) -> None:
     )
     refuse_it.add_argument("--why", required=True, metavar="FILE", help="the probe's record")
     refuse_it.add_argument("--out", required=True, metavar="FILE", help="the results.json")
+    refuse_it.add_argument("--format", choices=FORMATS, default="gradescope")
     refuse_it.add_argument("--tests", metavar="NAMES")
     for option in ("--visibility", "--stdout-visibility"):
         refuse_it.add_argument(option, choices=VISIBILITIES, default="visible")
+    convert = sub.add_parser(
+        "prairielearn-results",
+        help="(run.sh) xfmr grade's JSON report as PrairieLearn's results.json",
+    )
+    convert.add_argument("--grade", required=True, metavar="FILE", help="xfmr grade --json's")
+    convert.add_argument("--status", required=True, type=int, help="xfmr grade's exit status")
+    convert.add_argument("--out", required=True, metavar="FILE", help="the results.json")
+    convert.add_argument("--tests", metavar="NAMES")
+
+
+def _told(tests: Sequence[Test]) -> str:
+    each = ", ".join(
+        f"{t.name} {t.points:g}" + ("" if t.visibility == "visible" else f" ({t.visibility})")
+        for t in tests
+    )
+    return f"Each test's points and visibility come from its record (harness/shared_tests): {each}"
 
 
 def run_autograder(args: argparse.Namespace) -> int:
+    if args.action == "try":
+        return run_try(args)
     if args.action == "probe":
         tier, said = probe([Path(h) for h in args.hidden])
         for line in said:
@@ -338,39 +258,39 @@ def run_autograder(args: argparse.Namespace) -> int:
             )
         return 0
     if args.action == "refuse":
-        try:
-            said = Path(args.why).read_text().strip().splitlines()[1:]
-        except OSError as e:
-            said = [f"the probe's record {args.why} could not be read: {e.strerror or e}"]
-        why = (
-            "no isolation tier works in this container, so no submission is run ("
-            + "; ".join(said or ["setup.sh recorded no reason"])
-            + "). Rebuild the autograder where bubblewrap can start, or where the container "
-            "tier's user exists and /autograder is closed to it (see the README's Gradescope "
-            "section), then regrade."
-        )
-        tests = _selected(args.tests)
-        data = refusal(tests, why, args.visibility, args.stdout_visibility)
+        data = refused(args)
         write_all("autograder", [(args.out, lambda: data)])
         return 2  # nothing was graded
+    if args.action == "prairielearn-results":
+        data = converted(args)
+        return 0 if write_all("autograder", [(args.out, lambda: data)]) else 2
     tests = _selected(args.tests)
-    if problem := report_path_problem(args.out):
-        return usage_error("autograder", f"cannot write {args.out}: {problem}")
-    content = build(args, tests)
+    total = sum(t.points for t in tests)
     out = Path(args.out)
+    if args.action == "prairielearn":
+        if problem := write_folder(out, files.prairielearn_files(args, tests)):
+            return usage_error("autograder", problem)
+        print(
+            f"wrote {out}/: image/ (the grader image's Dockerfile, setup.sh, run.sh and "
+            f"{files.PROJECT_DIR}/, version {version('xfmr-oracle')}) and questions/{args.qid}/ "
+            f"(info.json, question.html)\n"
+            f"{len(tests)} tests, {total:g} points; PrairieLearn's score is their fraction.\n"
+            f"  docker build -t {args.image} {out}/image && docker push {args.image}\n"
+            f"then copy {out}/questions/{args.qid} into your course's questions/ "
+            f"({out}/README.md says more).\n{_told(tests)}"
+        )
+        return 0
+    if problem := report_path_problem(out):
+        return usage_error("autograder", f"cannot write {out}: {problem}")
+    content = files.gradescope_zip(args, tests)
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_bytes(content)
     os.replace(tmp, out)
-    total = sum(t.points for t in tests)
-    each = ", ".join(
-        f"{t.name} {t.points:g}" + ("" if t.visibility == "visible" else f" ({t.visibility})")
-        for t in tests
-    )
     print(
         f"wrote {out} ({len(content) / 1e6:.1f} MB): setup.sh, run_autograder, assignment.json "
-        f"and {PROJECT_DIR}/ (version {version('xfmr-oracle')})\n"
+        f"and {files.PROJECT_DIR}/ (version {version('xfmr-oracle')})\n"
         f"{len(tests)} tests, {total:g} points: in Gradescope, create a Programming Assignment "
         f"of {total:g} points and upload {out} as its autograder (Ubuntu 22.04 or later).\n"
-        f"Each test's points and visibility come from its record (harness/shared_tests): {each}"
+        f"Try it first: xfmr autograder try {out} transformer.py\n{_told(tests)}"
     )
     return 0

@@ -28,7 +28,7 @@ STAFF_FAULT = (
 )
 
 
-class _Test(Protocol):  # a shared test's record (harness.shared_tests.record.Test, frozen)
+class Recorded(Protocol):  # a shared test's record (harness.shared_tests.record.Test, frozen)
     @property
     def name(self) -> str: ...
     @property
@@ -38,7 +38,7 @@ class _Test(Protocol):  # a shared test's record (harness.shared_tests.record.Te
 
 
 def refusal(
-    tests: Sequence[_Test],
+    tests: Sequence[Recorded],
     why: str,
     visibility: str = "visible",
     stdout_visibility: str = "hidden",
@@ -66,11 +66,13 @@ def refusal(
     }
 
 
-def _summary(g: Grade) -> str:
+def summary(g: Grade, log: str = "the autograder's output (stdout)") -> str:
+    """What a student reads first: the tests passed, the rejection, or a grader fault (whose
+    traceback is in `log`, for staff)."""
     if g.error:
         return (
-            f"{STAFF_FAULT}\nCourse staff: the autograder's output (stdout) has the traceback; "
-            "fix the cause or report it, then regrade this submission (xfmr grade exit status 3)."
+            f"{STAFF_FAULT}\nCourse staff: {log} has the traceback; fix the cause or report it, "
+            "then regrade this submission (xfmr grade exit status 3)."
         )
     return g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
 
@@ -85,7 +87,7 @@ def gradescope(
         "score": g.score,
         "execution_time": round(g.seconds, 2),
         # the isolation whenever it is not plainly a tier's: UNSAFE, LIMITS MISSING, SWEEP FAILED
-        "output": _summary(g) + ("" if g.isolation in (SANDBOX, CONTAINER) else f"\n{g.isolation}"),
+        "output": summary(g) + ("" if g.isolation in (SANDBOX, CONTAINER) else f"\n{g.isolation}"),
         "output_format": "text",
         "visibility": visibility,
         "stdout_visibility": stdout_visibility,

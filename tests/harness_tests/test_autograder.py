@@ -1,10 +1,14 @@
-"""The Gradescope autograder, built by `xfmr autograder gradescope` and run as Gradescope runs it.
+"""The Gradescope autograder, built by `xfmr autograder gradescope` and run as Gradescope runs it,
+in the simulated container of harness.jobs.simulated_container (the one `xfmr autograder try`
+runs; its docstring says what is real and what is simulated).
 
-What is real: the zip is the command's own output, unpacked to /autograder/source; its setup.sh
-runs (XFMR_SKIP_INSTALL=1: everything but its apt-get and pip steps: the student user is created,
+What is real: the zip is the command's own output, unpacked to /autograder/source (its files'
+modes kept, run_autograder copied to /autograder); its setup.sh runs once, into an image
+(XFMR_SKIP_INSTALL=1: everything but its apt-get and pip steps: the student user is created,
 /autograder closed to it, the isolation tier proved by `xfmr autograder probe` and recorded); its
-run_autograder runs once per submission, as root, in /autograder, on /autograder/submission,
-and grades with the shipped source (/autograder/source/xfmr-oracle); the sandbox tier's nested
+run_autograder runs once per submission, as root, in /autograder, on /autograder/submission, in
+a fresh copy of that image (a fresh container, as Gradescope starts one per submission), and
+grades with the shipped source (/autograder/source/xfmr-oracle); the sandbox tier's nested
 bubblewrap and the container tier's user switch, rlimits and kills are the real ones.
 
 What is simulated: the container is bubblewrap run as root (a tmpfs root, its own pid, ipc and
@@ -27,15 +31,14 @@ schedule.py, absolutely, and positions.py, relatively): every results.json exist
 Gradescope's specification (autograder/gradescope_results.schema.json), and has the deserved
 score; no process of the student's user (nor any Python) is left after run_autograder. The
 correct and faulty submissions get the full grade in the docker container; the other runs grade
-three tests (the mechanism, not the score, is their point).
+three tests (the mechanism, not the score, is their point). `xfmr autograder try` itself runs
+the faulty example (three tests) and a syntax error (in the image the first try built) and, slow,
+the correct one (the whole grade: 122/122).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import struct
 import subprocess
 import sys
 import time
@@ -45,6 +48,9 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from harness.jobs import simulated_container
+from harness.jobs.autograder_files import GRADESCOPE
+from harness.jobs.autograder_try import Job, image, job
 from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,16 +58,12 @@ DATA = Path(__file__).parent / "autograder"
 SUBSET = "test_hand_example_noam,test_golden_torch,test_source_padding_is_never_read"
 SUBSET_POINTS = sum(BY_NAME[n].points for n in SUBSET.split(","))
 TOTAL = sum(t.points for t in SHARED_TESTS)
-VENV = Path(sys.prefix)
-# Docker's default capabilities (moby's oci/caps/defaults.go)
-DOCKER_CAPS = (
-    "CHOWN DAC_OVERRIDE FSETID FOWNER MKNOD NET_RAW SETGID SETUID SETFCAP SETPCAP "
-    "NET_BIND_SERVICE SYS_CHROOT KILL AUDIT_WRITE"
-).split()
+FAULTY_LOST = (
+    BY_NAME["test_golden_torch"].points + BY_NAME["test_source_padding_is_never_read"].points
+)
 
-needs_root_and_bwrap = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("bwrap") is None or sys.platform != "linux",
-    reason="the simulated container is bubblewrap run as root",
+needs_the_simulation = pytest.mark.skipif(
+    bool(simulated_container.unavailable()), reason=simulated_container.unavailable()
 )
 
 
@@ -75,34 +77,6 @@ def valid(results: dict) -> None:
 
     jsonschema.validate(results, schema())
     assert isinstance(results.get("score"), int | float), results
-
-
-def docker_seccomp() -> bytes:
-    """A classic BPF seccomp program (x86_64) refusing what Docker's default profile refuses to
-    an unprivileged container and bubblewrap needs: clone and unshare with CLONE_NEWUSER
-    (EPERM), clone3 (ENOSYS, so that libc falls back to clone)."""
-
-    def op(code: int, jt: int, jf: int, k: int) -> bytes:
-        return struct.pack("HBBI", code, jt, jf, k)
-
-    ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
-    allow, errno = 0x7FFF0000, 0x00050000
-    return b"".join(
-        [
-            op(ld, 0, 0, 4),  # arch
-            op(jeq, 1, 0, 0xC000003E),  # x86_64
-            op(ret, 0, 0, allow),
-            op(ld, 0, 0, 0),  # syscall number
-            op(jeq, 5, 0, 435),  # clone3 -> ENOSYS
-            op(jeq, 1, 0, 56),  # clone -> flags
-            op(jeq, 0, 2, 272),  # unshare -> flags, else allow
-            op(ld, 0, 0, 16),  # args[0]: the flags
-            op(jset, 2, 0, 0x10000000),  # CLONE_NEWUSER -> EPERM
-            op(ret, 0, 0, allow),
-            op(ret, 0, 0, errno | 38),
-            op(ret, 0, 0, errno | 1),
-        ]
-    )
 
 
 # --- the submissions ------------------------------------------------------------------------
@@ -121,35 +95,28 @@ def two_files(folder: Path) -> None:
     (folder / "positions.py").write_text("import math\n\nimport torch\n\n\n" + sinus)
 
 
-def submissions(inputs: Path, full: bool) -> dict[str, tuple[float, str]]:
-    """The five submissions under inputs/NAME/files, each with the run_autograder it gets
-    (inputs/NAME/mode); their deserved scores and what their output must say."""
+def submissions(inputs: Path, full: bool) -> dict[str, tuple[Path, str, float, str]]:
+    """The five submissions, each a folder inputs/NAME; the autograder each gets (the full grade
+    or the subset), its deserved score and what its output must say."""
     correct = (ROOT / "examples" / "correct_submission.py").read_text()
     faulty = (ROOT / "examples" / "faulty_submission.py").read_text()
     made = {
-        "correct": (correct, "full" if full else "subset"),
-        "faulty": (faulty, "full" if full else "subset"),
-        "forging": (correct + (DATA / "forger.py").read_text(), "subset"),
-        "syntax_error": (
-            correct.replace("def make_optimizer(", "def make_optimizer(:", 1),
-            "subset",
-        ),
-        "two_files": (None, "subset"),
+        "correct": correct,
+        "faulty": faulty,
+        "forging": correct + (DATA / "forger.py").read_text(),
+        "syntax_error": correct.replace("def make_optimizer(", "def make_optimizer(:", 1),
+        "two_files": None,
     }
-    for name, (text, mode) in made.items():
-        files = inputs / name / "files"
+    for name, text in made.items():
+        files = inputs / name
         files.mkdir(parents=True)
-        (inputs / name / "mode").write_text(mode)
         if text is None:
             two_files(files)
         else:
             (files / "transformer.py").write_text(text)
-    faulty_lost = (
-        BY_NAME["test_golden_torch"].points + BY_NAME["test_source_padding_is_never_read"].points
-    )
     faulty_full = (
         TOTAL
-        - faulty_lost
+        - FAULTY_LOST
         - sum(
             BY_NAME[n].points
             for n in (
@@ -158,22 +125,28 @@ def submissions(inputs: Path, full: bool) -> dict[str, tuple[float, str]]:
             )
         )
     )
+    grade = "full" if full else "subset"
     return {
-        "correct": (TOTAL if full else SUBSET_POINTS, "tests passed"),
-        "faulty": (faulty_full if full else SUBSET_POINTS - faulty_lost, "tests passed"),
-        "forging": (SUBSET_POINTS, "3/3 tests passed"),
-        "syntax_error": (0.0, "does not parse"),
-        "two_files": (SUBSET_POINTS, "3/3 tests passed"),
+        "correct": (inputs / "correct", grade, TOTAL if full else SUBSET_POINTS, "tests passed"),
+        "faulty": (
+            inputs / "faulty",
+            grade,
+            faulty_full if full else SUBSET_POINTS - FAULTY_LOST,
+            "tests passed",
+        ),
+        "forging": (inputs / "forging", "subset", SUBSET_POINTS, "3/3 tests passed"),
+        "syntax_error": (inputs / "syntax_error", "subset", 0.0, "does not parse"),
+        "two_files": (inputs / "two_files", "subset", SUBSET_POINTS, "3/3 tests passed"),
     }
 
 
 # --- the simulated container -----------------------------------------------------------------
 
 
-def build(out: Path, *options: str) -> None:
-    """The autograder zip, by the real command."""
+def build(out: Path, *options: str, action: str = "gradescope") -> None:
+    """The platform's files, by the real command."""
     done = subprocess.run(
-        [sys.executable, "-m", "harness", "autograder", "gradescope", "--out", str(out), *options],
+        [sys.executable, "-m", "harness", "autograder", action, "--out", str(out), *options],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -182,110 +155,128 @@ def build(out: Path, *options: str) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def container(variant: str, tmp: Path) -> tuple[Path, float]:
-    """Build the autograders, run the simulated container `variant`; its /xfmr-out and wall time."""
-    autograder, inputs, out, etc = (tmp / n for n in ("autograder", "in", "out", "etc"))
-    for folder in (autograder / "source", inputs, out):
-        folder.mkdir(parents=True)
+def student_uid(built: Path) -> str:
+    """The container tier's user's uid in an image (its /etc/passwd)."""
+    passwd = (built / "etc" / "passwd").read_text().splitlines()
+    return next(line.split(":")[2] for line in passwd if line.startswith("xfmr-student:"))
+
+
+def forger_marks(ran: simulated_container.Ran) -> list[str]:
+    return [name for name in ran.tmp if name.startswith("xfmr-forger-ran")]
+
+
+def container(variant: str, tmp: Path) -> tuple[dict, dict, dict[str, Job], float]:
+    """Build the autograders and their images (setup.sh, once each), then grade each submission
+    in a fresh container of its image; the images, the submissions (submissions()), the jobs and
+    the jobs' wall time."""
     build(tmp / "autograder.zip")
     build(tmp / "subset.zip", "--tests", SUBSET)
-    with zipfile.ZipFile(tmp / "autograder.zip") as z:
-        z.extractall(autograder / "source")
-    for zipped, mode in ((tmp / "autograder.zip", "full"), (tmp / "subset.zip", "subset")):
-        with zipfile.ZipFile(zipped) as z:
-            (inputs / f"run_autograder.{mode}").write_bytes(z.read("run_autograder"))
-    for name in ("setup.sh", "run_autograder"):  # zipfile.extractall drops the modes
-        (autograder / "source" / name).chmod(0o755)
-    for script in inputs.glob("run_autograder.*"):
-        script.chmod(0o755)
-    os.chmod(out, 0o700)
-    expected = submissions(inputs, full=variant == "docker")
-    (out / "expected.json").write_text(json.dumps(expected))
-    subprocess.run(["cp", "-a", "/etc", str(etc)], check=True)
-    args = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "gradescope"]
-    args += ["--ro-bind", "/usr", "/usr", "--bind", str(etc), "/etc", "--dev", "/dev"]
-    for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    args += ["--perms", "1777", "--tmpfs", "/tmp", "--tmpfs", "/var", "--dir", "/var/log"]
-    args += ["--tmpfs", "/root"]
-    for folder in [
-        *reversed(Path(sys.base_prefix).parents[:-2]),
-        Path("/opt"),
-        Path("/opt/xfmr-oracle"),
-    ]:
-        args += ["--perms", "0755", "--dir", str(folder)]  # as an image's would be
-    args += ["--ro-bind", sys.base_prefix, sys.base_prefix]
-    args += ["--ro-bind", str(VENV), "/opt/xfmr-oracle/venv"]
-    args += ["--bind", str(autograder), "/autograder", "--ro-bind", str(inputs), "/xfmr-in"]
-    args += ["--bind", str(out), "/xfmr-out", "--ro-bind", str(DATA), "/xfmr-data"]
-    args += ["--chdir", "/", "--clearenv", "--setenv", "PATH", "/usr/sbin:/usr/bin:/sbin:/bin"]
-    fds: tuple[int, ...] = ()
-    if variant == "docker":
-        args += ["--proc", "/proc", "--cap-drop", "ALL"]
-        for cap in DOCKER_CAPS:
-            args += ["--cap-add", f"CAP_{cap}"]
-        read, write = os.pipe()
-        os.write(write, docker_seccomp())
-        os.close(write)
-        args += ["--seccomp", str(read)]
-        fds = (read,)
-    else:
-        args += ["--dir", "/proc", "--cap-add", "ALL"]
-    args += ["--", "/bin/bash", "/xfmr-data/in_container.sh", variant]
+    images = {
+        mode: image(tmp / f"{name}.zip", GRADESCOPE, variant, tmp / "cache", rebuild=False)
+        for mode, name in (("full", "autograder"), ("subset", "subset"))
+    }
+    expected = submissions(tmp / "in", full=variant == "docker")
     begun = time.monotonic()
-    try:
-        done = subprocess.run(args, pass_fds=fds, capture_output=True, text=True, timeout=600)
-    finally:
-        for fd in fds:
-            os.close(fd)
-    assert done.returncode == 0, (done.stdout, done.stderr)
-    return out, time.monotonic() - begun
+    jobs = {
+        name: job(images[mode].folder, GRADESCOPE, variant, folder)
+        for name, (folder, mode, _, _) in expected.items()
+    }
+    return images, expected, jobs, time.monotonic() - begun
 
 
-@needs_root_and_bwrap
+@needs_the_simulation
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "variant, tier",
     [("docker", "container"), ("userns", "sandbox")],
 )
 def test_run_autograder_in_a_simulated_gradescope_container(tmp_path, variant, tier):
-    out, wall = container(variant, tmp_path)
-    setup = (out / "setup.log").read_text()
-    status, begun, ended = (out / "setup.status").read_text().split()
-    assert status == "0", setup
-    record = (tmp_path / "autograder" / "source" / "isolation").read_text()
-    assert record.splitlines()[0] == tier, record  # what setup.sh proved works here
-    expected = json.loads((out / "expected.json").read_text())
-    print(f"\n{variant}: setup.sh {float(ended) - float(begun):.1f} s; container {wall:.1f} s")
+    images, expected, jobs, wall = container(variant, tmp_path)
+    for built in images.values():
+        assert built.build.status == 0, built.build.output
+        record = (built.folder / "root" / "autograder" / "source" / "isolation").read_text()
+        assert record.splitlines()[0] == tier, record  # what setup.sh proved works here
+    setups = ", ".join(f"{m} {b.build.seconds:.1f} s" for m, b in images.items())
+    print(f"\n{variant}: setup.sh {setups}; the jobs {wall:.1f} s")
     print(f"  isolation record: {record.strip()!r}")
-    for name, (score, says) in expected.items():
-        stdout = (out / f"{name}.stdout").read_text()
-        assert (out / f"{name}.json").is_file(), f"{name}: no results.json\n{stdout}"
-        results = json.loads((out / f"{name}.json").read_text())
+    for name, (_, _, score, says) in expected.items():
+        done = jobs[name]
+        assert done.results, f"{name}: no results.json\n{done.ran.output}"
+        results = json.loads(done.results)
         valid(results)
-        status, begun, ended = (out / f"{name}.status").read_text().split()
         first = results["output"].splitlines()[0]
         print(
-            f"  {name}: {results['score']:g} in {float(ended) - float(begun):.1f} s "
-            f"(run_autograder status {status}): {first}"
+            f"  {name}: {results['score']:g} in {done.ran.seconds:.1f} s "
+            f"(run_autograder status {done.ran.status}): {first}"
         )
-        assert results["score"] == score, (name, results["output"], stdout)
+        assert results["score"] == score, (name, results["output"], done.ran.output)
         assert says in results["output"], (name, results["output"])
-        left = (out / f"{name}.left").read_text()
-        assert left == "", f"{name}: left running after run_autograder:\n{left}"
+        assert done.ran.left == (), f"{name}: left running after run_autograder: {done.ran.left}"
     # the forging daemon did run (as the student's user, where /tmp is shared) and forged nothing
     if tier == "container":
-        marks = (out / "forging.marks").read_text().split()
-        uid = [line for line in (tmp_path / "etc" / "passwd").read_text().splitlines()]
-        student = next(line.split(":")[2] for line in uid if line.startswith("xfmr-student:"))
-        assert marks == [f"xfmr-forger-ran-as-{student}"], marks
-    two = json.loads((out / "two_files.json").read_text())
+        marks = forger_marks(jobs["forging"].ran)
+        assert marks == [f"xfmr-forger-ran-as-{student_uid(images['subset'].folder)}"], marks
+    two = json.loads(jobs["two_files"].results)
     assert all(t["status"] == "passed" for t in two["tests"]), two
-    bad = json.loads((out / "syntax_error.json").read_text())
+    bad = json.loads(jobs["syntax_error"].results)
     assert "transformer.py line" in bad["output"] and "/sandbox" not in bad["output"], bad
+
+
+# --- xfmr autograder try -----------------------------------------------------------------------
+
+
+def tried(tmp_path: Path, capsys, zipped: Path, submission: Path) -> tuple[dict, str]:
+    """`xfmr autograder try` (exit 0): the results.json it wrote (valid), and what it printed."""
+    results = tmp_path / "results.json"
+    argv = ["autograder", "try", str(zipped), str(submission)]
+    assert main([*argv, "--cache-dir", str(tmp_path / "cache"), "--results", str(results)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(results.read_text())
+    valid(data)
+    assert "XFMR_SKIP_INSTALL=1" in out and "isolation tier container" in out, out
+    most = sum(t["max_score"] for t in data["tests"])
+    assert f"Score: {data['score']:g}/{most:g}" in out, out
+    for t in data["tests"]:
+        assert f"{t['score']:g}/{t['max_score']:g}  {t['name']}" in out, (t["name"], out)
+    return data, out
+
+
+@needs_the_simulation
+def test_try_shows_the_students_results_json(tmp_path, capsys):
+    """`xfmr autograder try` on the faulty example (three tests): the build once, the job in a
+    fresh container, the results.json the upload would write, as the student sees it; a second
+    try (a syntax error) reuses the built image."""
+    zipped = tmp_path / "autograder.zip"
+    build(zipped, "--tests", SUBSET)
+    begun = time.monotonic()
+    data, out = tried(tmp_path, capsys, zipped, ROOT / "examples" / "faulty_submission.py")
+    assert data["score"] == SUBSET_POINTS - FAULTY_LOST and "setup.sh: " in out, out
+    assert "(cached at " in out and "first divergence" in out, out  # a failure, shortened
+    print(f"\nfaulty, three tests: {data['score']:g}, try {time.monotonic() - begun:.1f} s")
+    broken = tmp_path / "broken" / "transformer.py"
+    broken.parent.mkdir()
+    correct = (ROOT / "examples" / "correct_submission.py").read_text()
+    broken.write_text(correct.replace("def make_optimizer(", "def make_optimizer(:", 1))
+    data, out = tried(tmp_path, capsys, zipped, broken.parent)
+    assert data["score"] == 0 and "does not parse" in data["output"], data
+    assert "(the cached image " in out, out
+
+
+@needs_the_simulation
+@pytest.mark.slow
+def test_try_gives_the_correct_example_its_whole_grade(tmp_path, capsys):
+    zipped = tmp_path / "autograder.zip"
+    build(zipped)
+    begun = time.monotonic()
+    data, out = tried(tmp_path, capsys, zipped, ROOT / "examples" / "correct_submission.py")
+    assert data["score"] == TOTAL and f"Score: {TOTAL:g}/{TOTAL:g}" in out, out
+    print(f"\ncorrect: {data['score']:g}/{TOTAL:g}, try {time.monotonic() - begun:.1f} s")
+
+
+def test_try_refuses_what_is_not_an_autograder(tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("not a zip")
+    assert main(["autograder", "try", str(tmp_path / "notes.txt"), "transformer.py"]) == 2
+    assert "neither an autograder zip nor a PrairieLearn folder" in capsys.readouterr().err
 
 
 # --- without a container ----------------------------------------------------------------------
