@@ -25,6 +25,7 @@ def trained(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_train_writes_model_metrics_and_png_and_lowers_the_loss(trained):
     assert {"config.json", "model.safetensors", "metrics.json", "loss.png"} <= {
         p.name for p in trained.iterdir()

@@ -8,6 +8,8 @@ or the exact match past the record's tolerances and fails here. After an intende
 import copy
 import json
 
+import pytest
+
 from demos import guard
 
 
@@ -15,6 +17,7 @@ def _record():
     return json.loads(guard.RECORD.read_text())
 
 
+@pytest.mark.slow
 def test_the_reduced_recipe_learns_as_recorded():
     record = _record()
     result = guard.run(guard.RECIPE)

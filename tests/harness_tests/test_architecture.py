@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("harness", "oracle", "impl", "mutants", "tasks", "demos")
 MAX_LINES = 700
@@ -98,6 +100,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+@pytest.mark.slow
 def test_no_import_circle_including_lazy_and_by_name_imports():
     found = modules()
     known = set(found)

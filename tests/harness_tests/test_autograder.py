@@ -242,6 +242,7 @@ def tried(tmp_path: Path, capsys, zipped: Path, submission: Path) -> tuple[dict,
 
 
 @needs_the_simulation
+@pytest.mark.slow
 def test_try_shows_the_students_results_json(tmp_path, capsys):
     """`xfmr autograder try` on the faulty example (three tests): the build once, the job in a
     fresh container, the results.json the upload would write, as the student sees it; a second

@@ -140,6 +140,7 @@ NAMES = ("impl", "s07", "s10", "s11", "c04", "sanity")
 SUBJECTS = [s for s in matrix_subjects() if s.name in NAMES]
 
 
+@pytest.mark.slow
 def test_the_inferred_matrix_equals_the_matrix_with_every_cell_run():
     inferred = run_inferring(TESTS, SUBJECTS, jobs=2)
     every = run_suite(TESTS, SUBJECTS, jobs=2)

@@ -38,6 +38,7 @@ def check(test: str, module) -> None:
     BY_NAME[test].check(lambda probe, **inputs: probes.PROBES[probe](module, **inputs))
 
 
+@pytest.mark.slow
 def test_impl_passes_the_decoding_laws_at_every_batch_size():
     module = from_source(SOURCE, "<impl>", name="xfmr_decoding_impl")
     check(STEP, module)
@@ -84,6 +85,7 @@ def draw_secret():
 # The draws under which the beam test's drawn rows left these slips alive before it chose rows
 # where the stop rule decides the winner (XFMR_DRAW_SEED 9 left all three, 5 one).
 @pytest.mark.parametrize("secret", [9, 5])
+@pytest.mark.slow
 def test_impl_passes_the_beam_test_under_those_draws(draw_secret, secret):
     draw_secret(secret)
     check(BEAM, from_source(SOURCE, "<impl>", name="xfmr_decoding_impl"))
@@ -91,6 +93,7 @@ def test_impl_passes_the_beam_test_under_those_draws(draw_secret, secret):
 
 @pytest.mark.parametrize("secret", [9, 5])
 @pytest.mark.parametrize("slip", sorted(STOP_RULE_SLIPS))
+@pytest.mark.slow
 def test_the_beam_test_kills_stop_rule_slips_under_any_draw(draw_secret, secret, slip):
     draw_secret(secret)
     module = mutant(STOP_RULE, STOP_RULE_SLIPS[slip])
@@ -113,6 +116,7 @@ def _draws(text: str) -> list[int]:
 
 @pytest.mark.parametrize("secret", _draws(OFFSET_DRAWS))
 @pytest.mark.parametrize("offset", ["-1.0", "1.0"])
+@pytest.mark.slow
 def test_the_beam_test_kills_an_offset_initial_log_probability_under_those_draws(
     draw_secret, secret, offset
 ):
@@ -138,6 +142,7 @@ def load_transformer(dir):
 """
 
 
+@pytest.mark.slow
 def test_a_load_that_ignores_the_norm_is_charged_to_the_translate_test_only(draw_secret):
     # the beam test searches a model given the parent's weights directly, never a loaded one
     draw_secret(0)

@@ -261,6 +261,7 @@ NAMES = "test_parameter_names_follow_the_norm"
     ],
     ids=["persistent buffer", "output bias", "transformer. prefix"],
 )
+@pytest.mark.slow
 def test_a_names_fault_is_charged_once_with_its_fix(patches, extra, advice):
     # the learning test (600 updates) is left out for time; the real-world set grades it
     found = verdicts_in_process(variant(*patches, extra=extra), ("test_learns_reversed_addition",))
@@ -587,6 +588,7 @@ def odd_answers(draw):
 
 @settings(max_examples=60, deadline=None, derandomize=True)
 @given(odd_answers())
+@pytest.mark.slow
 def test_the_diagnosis_never_raises_on_odd_answers(case):
     # whatever the answer holds, the diagnosis is a line, and an odd hooked value is a boundary
     # not judged, never the end of the diagnosis ("no diagnosis"); with impl's own logits and

@@ -89,6 +89,7 @@ def test_no_grade_vouches_for_a_submission_that_cannot_be_hashed(tmp_path, capsy
     assert "cannot be hashed" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_diff_refuses_the_faulty_example_after_running_the_shared_tests(capsys):
     assert main(["diff", str(FAULTY)]) == 1
     captured = capsys.readouterr()

@@ -45,6 +45,7 @@ def test_weights_are_numbers_of_the_runs_dtype(bfloat16_run):
     )
 
 
+@pytest.mark.slow
 def test_correct_subjects_pass_in_bfloat16_and_a_padding_fault_is_caught(bfloat16_run):
     subjects = [
         Subject("impl", Kind.CORRECT, module="impl.transformer"),

@@ -20,7 +20,6 @@ from harness.engine.cache import Store, cell_keys, incremental_suite, suite_run_
 from harness.engine.coverage import split
 from harness.engine.run import run_subject, run_subject_apart, run_suite
 from harness.jobs.matrix import matrix_subjects
-from harness.jobs.mutation_score import GENERATED
 from harness.outcomes import Outcome
 from harness.shared_tests.laws import BY_NAME
 from mutants import catalog
@@ -84,6 +83,7 @@ def test_an_unreachable_scheduler_stops_the_run_with_exit_2(capsys, monkeypatch)
     assert len(err) == 1 and "cannot reach the Dask scheduler tcp://127.0.0.1:9" in err[0]
 
 
+@pytest.mark.slow
 def test_the_default_paths_import_nothing_of_dask(tmp_path):
     (tmp_path / "broken.py").write_text("def (:\n")  # rejected before any sandbox starts
     code = (
@@ -272,6 +272,7 @@ def _writer(root: str, n: int, seed: int) -> None:
         store.put(fingerprint.digest("own", seed, i), {"outcome": "killed", "message": ""})
 
 
+@pytest.mark.slow
 def test_concurrent_writers_leave_only_whole_entries(tmp_path):
     procs = [
         multiprocessing.get_context("spawn").Process(target=_writer, args=(str(tmp_path), 60, s))
@@ -296,6 +297,7 @@ def test_concurrent_writers_leave_only_whole_entries(tmp_path):
     assert len(entries) == 7 + 5 * 60 and not list(tmp_path.rglob(".tmp-*"))
 
 
+@pytest.mark.slow
 def test_incremental_matrix_check_sees_every_cell(tmp_path, capsys):
     argv = ["matrix", "--only", "impl,s08", "--tests", "test_hand_example_noam", "--quiet"]
     argv += ["--incremental", "--cache-dir", str(tmp_path)]
@@ -334,9 +336,11 @@ def test_a_suite_runs_key_follows_its_subject_and_the_suites_files(tmp_path, mon
 @pytest.mark.slow
 def test_mutation_score_incremental_reuses_every_run_of_an_unchanged_suite(tmp_path, capsys):
     argv = ["mutation-score", str(WEAK), "--incremental", "--cache-dir", str(tmp_path)]
-    # impl, the torch copy and s01-s11, then the run's generated sample: the same secret draws the
-    # same sample, so its runs are reused too
-    n = 13 + GENERATED
+    # impl, the torch copy and s01-s11, then the run's generated sample (two of it: the rest
+    # would cost minutes and add nothing): the same secret draws the same sample, so its runs
+    # are reused too
+    argv += ["--generated", "2"]
+    n = 13 + 2
     first = main([*argv, "--json", str(tmp_path / "first.json")])
     assert f"incremental: 0 of {n} subjects' runs reused" in capsys.readouterr().out
     second = main([*argv, "--json", str(tmp_path / "second.json")])
@@ -346,6 +350,7 @@ def test_mutation_score_incremental_reuses_every_run_of_an_unchanged_suite(tmp_p
     assert [c["outcome"] for c in a["cells"]] == [c["outcome"] for c in b["cells"]]
 
 
+@pytest.mark.slow
 def test_a_shipped_suite_run_equals_the_local_one():
     """What a Dask worker runs for mutation-score (run_shipped: the suite as plain data, unpacked
     and run there) gives what the local run gives (the transport itself is test_cluster's)."""

@@ -38,6 +38,7 @@ def test_every_correct_subject_is_swept():
     assert may_fail["impl"] == frozenset()
 
 
+@pytest.mark.slow
 def test_a_failing_subject_is_reported_with_its_draw_and_the_run_is_restored():
     # the sweep must be able to fail: the faulty example, posing as correct, fails its golden test
     before = draw_secret()

@@ -17,6 +17,7 @@ def mutants():
     return gm.generate(IMPL)
 
 
+@pytest.mark.slow
 def test_every_mutant_is_one_compiling_change_of_impl(mutants):
     assert len(mutants) > 500
     assert len({m.key for m in mutants}) == len(mutants)
@@ -27,6 +28,7 @@ def test_every_mutant_is_one_compiling_change_of_impl(mutants):
         compile(mutated, m.key, "exec")
 
 
+@pytest.mark.slow
 def test_the_operators_include_cosmic_rays_and_the_issues(mutants):
     ops = {m.operator for m in mutants}
     assert {
@@ -50,6 +52,7 @@ def test_the_operators_include_cosmic_rays_and_the_issues(mutants):
     )
 
 
+@pytest.mark.slow
 def test_the_sample_is_seeded_and_stratified(mutants):
     a, b = gm.sample(mutants, 100, 0), gm.sample(mutants, 100, 0)
     assert a == b and abs(len(a) - 100) <= len({m.operator for m in mutants})

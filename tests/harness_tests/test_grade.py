@@ -40,6 +40,7 @@ def torch_copy_graded(tmp_path_factory):
     return status, out
 
 
+@pytest.mark.slow
 def test_torch_copy_gets_full_marks(torch_copy_graded):
     # a correct subject written differently from impl passes every shared test
     status, out = torch_copy_graded
@@ -50,6 +51,7 @@ def test_torch_copy_gets_full_marks(torch_copy_graded):
     assert data["seconds"] <= 30, "grading one submission must take at most 30 s"
 
 
+@pytest.mark.slow
 def test_gradescope_results_follow_the_format(torch_copy_graded):
     _, out = torch_copy_graded
     data = json.loads((out / "results.json").read_text())
@@ -60,6 +62,7 @@ def test_gradescope_results_follow_the_format(torch_copy_graded):
     assert data["score"] == sum(t["max_score"] for t in data["tests"])
 
 
+@pytest.mark.slow
 def test_junit_lists_every_test(torch_copy_graded, junit_schema):
     _, out = torch_copy_graded
     junit_schema.validate(str(out / "junit.xml"))  # Jenkins' junit-10.xsd
@@ -79,6 +82,7 @@ FAULTY_FAILS = [
 ]
 
 
+@pytest.mark.slow
 def test_faulty_submission_fails_with_its_first_divergence():
     # the example's cross-attention reads source padding (mutant s06's pitfall) and nothing else
     # is wrong; the learning test (4 s, no padding law) is left out to keep this test fast
@@ -97,6 +101,7 @@ def test_faulty_submission_fails_with_its_first_divergence():
     assert junit.find("testsuite").get("failures") == str(len(FAULTY_FAILS))
 
 
+@pytest.mark.slow
 def test_correct_example_passes_and_differs_from_the_faulty_one_by_the_fault_only():
     correct = ROOT / "examples" / "correct_submission.py"
     faulty = (ROOT / "examples" / "faulty_submission.py").read_text()
@@ -113,6 +118,7 @@ def test_correct_example_passes_and_differs_from_the_faulty_one_by_the_fault_onl
     assert [t.name for t in g.tests if not t.passed] == []
 
 
+@pytest.mark.slow
 def test_a_grade_takes_points_and_visibility_from_the_test_records(torch_copy_graded):
     _, out = torch_copy_graded
     data = json.loads((out / "results.json").read_text())
@@ -326,6 +332,7 @@ def test_a_grader_fault_exits_3_and_its_results_json_says_so_with_score_0(tmp_pa
         ),
     ],
 )
+@pytest.mark.slow
 def test_a_layer_norm_that_ignores_ln_eps_fails_the_golden_test(tmp_path, old, new):
     # one golden config uses ln_eps 1e-3: torch's default 1e-5 there moves the logits by ~5e-4
     result = grade_impl_variant(tmp_path, old, new, "test_golden_torch")

@@ -130,6 +130,7 @@ def test_a_suite_failing_everything_on_impl_is_invalid():
         ("", "pytest exited with status 5"),  # nothing to collect
     ],
 )
+@pytest.mark.slow
 def test_a_broken_suite_stops_after_the_correct_subjects_with_pytests_message(
     tmp_path, capsys, text, words
 ):

@@ -221,6 +221,7 @@ def deserved(jobs: dict, expected: dict) -> None:
 
 
 @needs_the_simulation
+@pytest.mark.slow
 def test_every_path_in_a_simulated_prairielearn_container(tmp_path):
     """Docker's restrictions (the container tier), three tests: a grade, a rejection, a refusal
     (an image without the tier's user) and Python itself missing each leave a valid results.json."""

@@ -103,6 +103,7 @@ def test_every_csv_writer_of_the_project_goes_through_the_one_function():
     assert writers == ["harness/reports/safe.py"]
 
 
+@pytest.mark.slow
 def test_a_formula_named_submission_lands_in_grades_csv_as_text(tmp_path):
     # the real grade-batch, in the real sandbox, on OWASP's payload as a file name (a copy of the
     # correct example) and a rejected one named like a formula too

@@ -312,6 +312,7 @@ def every_report(s, tests_dir: Path) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow
 def test_every_report_of_a_mutation_score_says_which_limit_is_missing(tmp_path, monkeypatch):
     monkeypatch.setattr(scoring.sandbox, "limits_problem", lambda isolation="sandbox": MISSING)
     s = scoring.mutation_score(tmp_path, executor=Instant(), generated=0)

@@ -61,6 +61,7 @@ def run(args: list[str], env: dict[str, str], timeout: float = 240) -> subproces
     )
 
 
+@pytest.mark.slow
 def test_check_needs_no_bwrap_no_fork_and_no_seqpacket(tmp_path):
     # the whole run (the parent and each worker) without os.fork and SOCK_SEQPACKET, bwrap off
     # PATH; the parent would fail loudly if it tried the fork server or the sandbox's trial
@@ -91,6 +92,7 @@ def test_check_needs_no_bwrap_no_fork_and_no_seqpacket(tmp_path):
     assert len(list(marks.iterdir())) >= 2
 
 
+@pytest.mark.slow
 def test_one_test_at_a_time_or_whole_the_grading_says_the_same():
     # grade, grade-batch, check and pytest --xfmr all run harness.grading.Grading; its two
     # drivers (a whole grade, one test at a time for pytest items) say the same
@@ -117,6 +119,7 @@ def _untimed(text: str) -> list[str]:
     return [re.sub(r"\d+\.\d+", "#", line) for line in text.splitlines()]
 
 
+@pytest.mark.slow
 def test_check_suite_is_mutation_scores_report(tmp_path):
     # the weak example suite: only s08 dies (README: its mutation score, 1/11, FAIL)
     report = tmp_path / "score.json"
@@ -135,6 +138,7 @@ def junit_cases(path: Path) -> dict[str, ET.Element]:
     return {c.get("name"): c for c in ET.parse(path).getroot().iter("testcase")}
 
 
+@pytest.mark.slow
 def test_pytest_xfmr_fails_the_faulty_submissions_shared_tests(tmp_path):
     # one full run: the shared tests as pytest items, from the project's root (whose testpaths
     # must not be collected), failing with the grader's message and diagnosis
@@ -155,6 +159,7 @@ def test_pytest_xfmr_fails_the_faulty_submissions_shared_tests(tmp_path):
     assert "Score: 87/122 (15/19 shared tests passed)" in done.stdout
 
 
+@pytest.mark.slow
 def test_pytest_xfmr_runs_the_strong_example_suite(tmp_path):
     # the fixture, the module path and the grader's Hypothesis profile: the strong suite passes
     xml = tmp_path / "junit.xml"
@@ -169,6 +174,7 @@ def test_pytest_xfmr_runs_the_strong_example_suite(tmp_path):
     assert bare.returncode == 1 and "fixture 'transformer' not found" in bare.stdout
 
 
+@pytest.mark.slow
 def test_pytest_xfmr_gives_a_suite_the_graders_subject_and_profile(tmp_path):
     # a conftest's own profile loses to the grader's; the module path and the fixture are the
     # implementation named by --xfmr, one module: here a student's folder of two files, whose
@@ -213,6 +219,7 @@ def test_the_plugins_profile_is_the_graders():
         assert getattr(graders, name) == value, name
 
 
+@pytest.mark.slow
 def test_pytest_xfmr_never_imports_the_implementation_itself(tmp_path):
     # the implementation is loaded only by workers (pytest would import a path it is given):
     # one that raises at import fails each shared item with the grader's load message

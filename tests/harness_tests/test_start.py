@@ -134,6 +134,7 @@ def started(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_an_untouched_stub_fails_each_test_as_not_implemented(started):
     g = selfcheck.check(started / "transformer.py")
     assert not g.error and not g.rejected, g.error or g.rejected
@@ -146,6 +147,7 @@ def test_an_untouched_stub_fails_each_test_as_not_implemented(started):
     assert not g.diagnosis  # nothing to diagnose in code not yet written
 
 
+@pytest.mark.slow
 def test_implementing_noam_rate_alone_turns_exactly_its_test_green(tmp_path):
     assert main(["start", str(tmp_path)]) == 0
     _paste(tmp_path / "transformer.py", "noam_rate")
@@ -154,6 +156,7 @@ def test_implementing_noam_rate_alone_turns_exactly_its_test_green(tmp_path):
     assert passed == {"test_hand_example_noam"}
 
 
+@pytest.mark.slow
 def test_pytest_xfmr_on_the_stub_says_not_implemented_and_runs_the_example_tests(started):
     tests = "test_hand_example_noam,test_golden_torch"
     stub = started / "transformer.py"

@@ -51,6 +51,7 @@ def quick_cells() -> dict:
     return {k: c.outcome for k, c in run.cells.items()}
 
 
+@pytest.mark.slow
 def test_runs_fork_from_one_warm_server_while_it_is_current(folder, monkeypatch, capfd):
     monkeypatch.setenv("XFMR_RUNTIME_DIR", str(folder))
     with forkserver.warm_server(60):
@@ -75,6 +76,7 @@ def test_runs_fork_from_one_warm_server_while_it_is_current(folder, monkeypatch,
     assert str(Path(child_forkserver.__file__).resolve()) in started["files"]
 
 
+@pytest.mark.slow
 def test_a_stale_server_is_stopped_and_replaced(folder, monkeypatch):
     old = warm.connect(ENV, 60, folder)
     old.sock.close()
@@ -96,6 +98,7 @@ def test_staleness_is_read_from_the_files_on_disk(tmp_path):
     assert "reinstalled" in warm.stale({**about, "libraries": {lib: [size, mtime + 1]}})
 
 
+@pytest.mark.slow
 def test_a_folder_others_can_enter_is_refused_and_the_run_starts_its_own(
     folder, monkeypatch, capfd
 ):
@@ -140,6 +143,7 @@ def reachable_folder():
 
 
 @pytest.mark.skipif(os.getuid() != 0, reason="connecting as another user needs root")
+@pytest.mark.slow
 def test_the_server_answers_no_other_user(reachable_folder):
     folder = reachable_folder
     conn = warm.connect(ENV, 60, folder)
@@ -175,6 +179,7 @@ def test_the_server_answers_no_other_user(reachable_folder):
     assert said == b"closed" and os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.slow
 def test_an_idle_server_exits_and_removes_its_socket(folder):
     conn = warm.connect(ENV, 1.0, folder)
     conn.sock.close()
@@ -185,6 +190,7 @@ def test_an_idle_server_exits_and_removes_its_socket(folder):
     assert not warm.place(ENV, folder).socket.exists()
 
 
+@pytest.mark.slow
 def test_the_warm_server_command(folder, monkeypatch, capsys):
     monkeypatch.setenv("XFMR_RUNTIME_DIR", str(folder))
     assert main(["warm-server", "status"]) == 1

@@ -97,6 +97,7 @@ def test_hangs_and_crashes_become_cells_and_the_run_goes_on(hostile):
     assert run.worker_starts["hostile"] == 4
 
 
+@pytest.mark.slow
 def test_a_timeout_kills_the_workers_whole_process_group(hostile, tmp_path):
     run = run_suite([rate_test("forks", 6, timeout=1.5)], [hostile], jobs=1)
     assert run.cell("forks", "hostile").outcome is Outcome.TIMEOUT
@@ -122,6 +123,7 @@ def test_a_subject_that_fails_to_import_fails_every_test_once(tmp_path):
     assert run.worker_starts["broken"] == 1
 
 
+@pytest.mark.slow
 def test_a_sandboxed_worker_speaks_the_same_protocol(hostile):
     with staged({"hostile.py": Path(hostile.path)}) as stage:
         spec = {"path": f"{INPUT}/hostile.py"}
@@ -147,6 +149,7 @@ class Transformer(torch_copy.Transformer):
 """
 
 
+@pytest.mark.slow
 def test_a_float32_only_subject_is_judged_with_bounds_derived_for_float32(tmp_path):
     path = tmp_path / "float32_only.py"
     path.write_text(FLOAT32_ONLY)

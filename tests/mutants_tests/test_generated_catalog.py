@@ -51,6 +51,7 @@ def test_a_change_of_impl_under_a_mutant_fails_loudly_naming_it():
         m.apply(changed)
 
 
+@pytest.mark.slow
 def test_each_record_names_its_killers_operator_and_clause():
     operators = {g.operator for g in generate(IMPL)}
     for m in MUTANTS:
@@ -60,6 +61,7 @@ def test_each_record_names_its_killers_operator_and_clause():
     assert catalog.get(MUTANTS[0].id) is MUTANTS[0]  # a subject's payload finds it by id
 
 
+@pytest.mark.slow
 def test_the_committed_catalog_is_what_the_one_command_gives(tmp_path):
     from harness.tools import generic_mutants
 

@@ -27,6 +27,7 @@ SMALL = (8, 16, 32)  # widths: the CI cost stays a few seconds per dtype
 @pytest.mark.parametrize("dtype", list(DTYPES))
 @settings(max_examples=25, deadline=None, derandomize=True, database=None)
 @given(seed=st.integers(0, 2**31))
+@pytest.mark.slow
 def test_honest_subjects_stay_inside_the_bound(dtype, seed):
     case = draw_case(np.random.default_rng(seed), seed, SMALL)
     for build in (impl.Transformer, torch_copy.Transformer):

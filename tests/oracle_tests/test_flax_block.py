@@ -62,6 +62,7 @@ def _case(seed: int, t_q: int, t_kv: int, d: int, d_kv: int, h: int, d_ff: int):
     return variables, x_q, x_kv, expected
 
 
+@pytest.mark.slow
 def test_matches_seeded_flax_init():
     # the exercise's own path: module.init(PRNGKey(seed), x_q, x_kv), then apply
     rng = np.random.default_rng(5)
@@ -96,6 +97,7 @@ def test_flax_layout_is_the_documented_one():
     d_ff=st.integers(1, 12),
 )
 @example(seed=7, t_q=5, t_kv=3, h=4, d_k=2, d_kv=6, d_ff=16)  # four heads, every size distinct
+@pytest.mark.slow
 def test_matches_flax_linen_in_float64(seed, t_q, t_kv, h, d_k, d_kv, d_ff):
     variables, x_q, x_kv, expected = _case(seed, t_q, t_kv, h * d_k, d_kv, h, d_ff)
     got = flax_decoder_block(variables, x_q, x_kv, h)

@@ -93,6 +93,7 @@ def _max_error_on_real_positions(got: np.ndarray, want: np.ndarray, tgt_mask: np
     "activation, share, scale_embedding",
     [("relu", True, True), ("gelu", False, False), ("swish", True, False)],
 )
+@pytest.mark.slow
 def test_logits_match_marian_on_padded_batches(activation, share, scale_embedding):
     model = _marian(activation, share, scale_embedding)
     src, tgt, src_mask, tgt_mask = _batch(model)

@@ -178,6 +178,7 @@ def _with(params, name: str, index: tuple, delta: float):
 @pytest.mark.skipif(
     np.finfo(np.longdouble).eps > 1e-18, reason="np.longdouble is no wider than float64 here"
 )
+@pytest.mark.slow
 def test_grads_match_finite_differences(config, seed, activation):
     model = model_from(config, seed)
     params = oracle.read_state_dict(model)

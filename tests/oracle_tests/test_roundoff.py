@@ -47,6 +47,7 @@ def worst_ratio(case: Case, build, dtype: str, cfg: dict | None = None) -> float
 @pytest.mark.parametrize("dtype", ["float64", "float32", "bfloat16"])
 @settings(max_examples=5, deadline=None, derandomize=True, database=None)
 @given(seed=st.integers(0, 2**31))
+@pytest.mark.slow
 def test_honest_loss_and_gradients_stay_inside_their_bounds(dtype, seed):
     case = draw_case(np.random.default_rng(seed), seed, SMALL)
     for build in (impl.Transformer, torch_copy.Transformer):
