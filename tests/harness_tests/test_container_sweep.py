@@ -232,40 +232,36 @@ _subprocess.Popen(
 
 
 @pytest.mark.slow
-def test_a_student_that_stops_the_sweeper_in_a_simulated_gradescope_container(
-    tmp_path, monkeypatch
-):
+def test_a_student_that_stops_the_sweeper_in_a_simulated_gradescope_container(tmp_path):
     """Issue 39's attack where it was found: Docker's defaults (the container tier), one
     submission whose daemon stops the sweeper's helper. It gets its deserved score (the subset's
     three tests pass), no GRADER ERROR, a valid results.json, and nothing of the student's user
     runs after run_autograder."""
-    ag = pytest.importorskip("test_autograder")  # the simulated container, beside this file
-    if os.geteuid() != 0 or shutil.which("bwrap") is None:
-        pytest.skip("the simulated container is bubblewrap run as root")
+    ag = pytest.importorskip("test_autograder")  # the helpers beside this file
+    from harness.jobs import simulated_container
+    from harness.jobs.autograder_files import GRADESCOPE
+    from harness.jobs.autograder_try import image, job
 
-    def submissions(inputs: Path, full: bool) -> dict[str, tuple[float, str]]:
-        files = inputs / "stopper" / "files"
-        files.mkdir(parents=True)
-        (inputs / "stopper" / "mode").write_text("subset")
-        correct = (ag.ROOT / "examples" / "correct_submission.py").read_text()
-        (files / "transformer.py").write_text(correct + STOPPER)
-        return {"stopper": (ag.SUBSET_POINTS, "3/3 tests passed")}
-
-    monkeypatch.setattr(ag, "submissions", submissions)
-    out, wall = ag.container("docker", tmp_path)
-    status = (out / "setup.status").read_text().split()[0]
-    assert status == "0", (out / "setup.log").read_text()
-    record = (tmp_path / "autograder" / "source" / "isolation").read_text()
+    if simulated_container.unavailable():
+        pytest.skip(simulated_container.unavailable())
+    files = tmp_path / "in" / "stopper"
+    files.mkdir(parents=True)
+    correct = (ag.ROOT / "examples" / "correct_submission.py").read_text()
+    (files / "transformer.py").write_text(correct + STOPPER)
+    ag.build(tmp_path / "subset.zip", "--tests", ag.SUBSET)
+    built = image(tmp_path / "subset.zip", GRADESCOPE, "docker", tmp_path / "cache", rebuild=False)
+    assert built.build.status == 0, built.build.output
+    record = (built.folder / "root" / "autograder" / "source" / "isolation").read_text()
     assert record.splitlines()[0] == "container", record
-    stdout = (out / "stopper.stdout").read_text()
-    results = json.loads((out / "stopper.json").read_text())
+    done = job(built.folder, GRADESCOPE, "docker", files)
+    assert done.results, done.ran.output
+    results = json.loads(done.results)
     ag.valid(results)
-    marks = (out / "stopper.marks").read_text().split()
-    print(f"\nstopper: {results['score']:g} in {wall:.1f} s; marks {marks}")
+    marks = [name for name in done.ran.tmp if name.startswith("xfmr-forger-ran")]
+    print(f"\nstopper: {results['score']:g} in {done.ran.seconds:.1f} s; marks {marks}")
     assert "GRADER ERROR" not in results["output"] and "SWEEP FAILED" not in results["output"]
-    assert results["score"] == ag.SUBSET_POINTS, (results["output"], stdout)
-    assert (out / "stopper.left").read_text() == ""  # nothing of the student's user runs
-    passwd = (tmp_path / "etc" / "passwd").read_text().splitlines()
-    student = next(line.split(":")[2] for line in passwd if line.startswith("xfmr-student:"))
+    assert results["score"] == ag.SUBSET_POINTS, (results["output"], done.ran.output)
+    assert done.ran.left == ()  # nothing of the student's user runs
+    student = ag.student_uid(built.folder)
     assert f"xfmr-forger-ran-stopper-as-{student}" in marks, marks  # the attack did run
     assert not [m for m in marks if "-stopped-" in m], marks  # and stopped no helper
