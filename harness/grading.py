@@ -20,17 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from harness.engine.run import Launch, SubjectWorker, run_subject_apart, unjudgeable
-from harness.isolation import container
-from harness.isolation.sandbox import (
-    CONTAINER_TIER,
-    SANDBOX_TIER,
-    Limits,
-    UnsafeInput,
-    staged,
-    starter,
-)
+from harness.isolation import container, tiers
+from harness.isolation.sandbox import Limits, UnsafeInput, staged
 from harness.isolation.staging import MAX_BYTES, MAX_ENTRIES, kind_problem, size_problem
 from harness.isolation.static_check import check_submission
+from harness.isolation.tiers import starter
 from harness.isolation.worker import (
     LOAD_TIMEOUT,
     NOT_IMPLEMENTED,
@@ -195,7 +189,7 @@ class Placement:
 Workers = Callable[[Path, "Path | None"], AbstractContextManager[Placement]]
 
 
-def sandboxed(limits: Limits, unsafe: bool = False, isolation: str = SANDBOX_TIER) -> Workers:
+def sandboxed(limits: Limits, unsafe: bool = False, isolation: str = tiers.SANDBOX.name) -> Workers:
     """A grade's workers: the submission staged, each worker in a sandbox of its own (or the
     container tier's user; unsafe: forked, for trusted code only), the user's processes swept
     when the grading ends (the container tier)."""
@@ -214,7 +208,7 @@ def sandboxed(limits: Limits, unsafe: bool = False, isolation: str = SANDBOX_TIE
             try:
                 yield placement
             finally:
-                if isolation == CONTAINER_TIER and not unsafe:  # nothing of the user survives
+                if tiers.tier(isolation).one_user and not unsafe:  # nothing of it survives
                     # never raises: what survives is said in every report of the grade
                     placement.note = container.sweep_user(os.path.realpath(sys.executable))
 

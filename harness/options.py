@@ -12,19 +12,14 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from harness.isolation import tiers
 from harness.isolation.container import ContainerUnavailable
-from harness.isolation.sandbox import (
-    CONTAINER_TIER,
-    SANDBOX_TIER,
-    Limits,
-    SandboxUnavailable,
-    tier_check,
-)
+from harness.isolation.sandbox import Limits, SandboxUnavailable
 from harness.shared_tests.inputs import RUN_DTYPES, set_run_dtype
 
 # How a run's workers ran; an unsafe run says so in every report.
-SANDBOX = "bubblewrap sandbox, one per worker"
-CONTAINER = "container tier: a dedicated unprivileged user, no namespaces (--isolation container)"
+SANDBOX = tiers.SANDBOX.described
+CONTAINER = tiers.CONTAINER.described
 UNSAFE = "UNSAFE: no sandbox (--unsafe-no-sandbox); for trusted code only"
 
 
@@ -56,24 +51,14 @@ def isolation_problem(args: argparse.Namespace, hidden: Sequence[Path] = ()) -> 
     if args.unsafe_no_sandbox:
         print(f"WARNING: {UNSAFE}", file=sys.stderr)
         return ""
-    tier = getattr(args, "isolation", SANDBOX_TIER)
+    tier = tiers.tier(getattr(args, "isolation", tiers.SANDBOX.name))
     try:
-        tier_check(tier, hidden)
+        tier.trial(hidden)
     except (SandboxUnavailable, ContainerUnavailable) as e:
-        if tier == CONTAINER_TIER:
-            fix = (
-                "The container tier needs root, its user (created by the autograder's setup.sh) "
-                "and the project and report folders out of that user's reach (see the README's "
-                "Gradescope section)."
-            )
-        else:
-            fix = (
-                "Install bubblewrap (apt-get install -y bubblewrap) where it is missing. Where it "
-                "cannot start (a container that masks /proc or forbids user namespaces, as "
-                "Docker does by default), choose the container tier explicitly: --isolation "
-                "container, as root, with its user (see the README's Gradescope section)."
-            )
-        return f"refusing to run untrusted code: the {tier} tier cannot be set up ({e}). {fix}"
+        return (
+            f"refusing to run untrusted code: the {tier.name} tier cannot be set up ({e}). "
+            f"{tier.fix}"
+        )
     return ""
 
 

@@ -19,7 +19,7 @@ left by a grader that died (its pid in the name is gone) is removed by the next 
 
 Where no group can be made (no write access to the hierarchy, a read-only /sys/fs/cgroup in a
 container, v2 without the controllers delegated), `problem()` says why, and the callers say so
-in every report (harness.isolation.sandbox.limits_problem).
+in every report (harness.isolation.tiers: Tier.limits_problem).
 """
 
 from __future__ import annotations

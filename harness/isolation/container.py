@@ -26,7 +26,7 @@ What it gives, per worker:
 
 - where the container lets root make cgroups, each worker runs in one of its own
   (harness.isolation.cgroups: memory of every kind and processes); where it does not, every
-  report says so (harness.isolation.sandbox.limits_problem).
+  report says so (harness.isolation.tiers: Tier.limits_problem).
 
 What it cannot give (the sandbox tier gives the first two): the network is the container's
 (the worker can reach whatever the container can); it sees the container's whole file system

@@ -53,12 +53,10 @@ import subprocess
 import sys
 import sysconfig
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.isolation import cgroups, container, neutral, seccomp, warm
-from harness.isolation.forkserver import forked
+from harness.isolation import cgroups, neutral, seccomp, warm
 from harness.isolation.staging import UnsafeInput as UnsafeInput  # re-exported
 from harness.isolation.staging import staged as staged  # re-exported
 from harness.isolation.worker import Process, Start, kill_group
@@ -462,61 +460,6 @@ def worker_group(ram_mb: int, processes: int) -> cgroups.Cgroup | None:
         return cgroups.create(ram_mb << 20, processes)
     except cgroups.CgroupUnavailable as e:
         raise SandboxUnavailable(f"no cgroup for a worker: {e.strerror or e}") from None
-
-
-def limits_problem(isolation: str = "sandbox") -> str:
-    """Which limits a worker of this tier lacks here and why ("" when each gets its cgroup):
-    said in every report of a run (harness.jobs.grade)."""
-    why = cgroups.problem()
-    if not why:
-        return ""
-    if isolation == CONTAINER_TIER:
-        return (
-            f"LIMITS MISSING: no cgroup per worker ({why}): a worker's memory beyond its address "
-            "space (memfd, shared memory, /dev/shm and /tmp files) is bounded only by the "
-            "container's own limit, its processes only by RLIMIT_NPROC"
-        )
-    return (
-        f"LIMITS MISSING: no cgroup per worker ({why}): no limit on a worker's memory beyond its "
-        "address space, /tmp and /dev/shm (memfd_create and shmget refused instead), nor on its "
-        "processes beyond RLIMIT_NPROC"
-    )
-
-
-SANDBOX_TIER, CONTAINER_TIER = "sandbox", "container"  # --isolation's choices
-TIERS = (SANDBOX_TIER, CONTAINER_TIER)
-
-
-def _container_code() -> container.Code:
-    """What a container-tier worker runs: this interpreter and the worker's own files."""
-    files = {rel: PROJECT_ROOT / rel for rel in (*CHILD_FILES, CHILD_PACKAGE)}
-    return container.Code(_interpreter(), tuple(_python_paths()), files, PROJECT_PACKAGES)
-
-
-def starter(
-    stage: Path, limits: Limits, unsafe: bool = False, isolation: str = SANDBOX_TIER
-) -> tuple[Start, Path]:
-    """How an untrusted run's workers start on its staged input, and where they find it: in a
-    sandbox of their own at /sandbox; in the container tier (chosen, never a fallback) as the
-    dedicated user, at the stage itself (harness.isolation.container); or, unsafe, forked from
-    the trusted fork server (rlimits only), at the stage itself."""
-    if unsafe:
-        return forked, stage
-    if isolation == CONTAINER_TIER:
-        return container.contained(stage, _container_code(), limits.ram_mb, limits.processes), stage
-    if isolation != SANDBOX_TIER:
-        raise ValueError(f"isolation is one of {TIERS}, not {isolation!r}")
-    return sandboxed(stage, limits), Path(INPUT)
-
-
-def tier_check(isolation: str, hidden: Sequence[Path] = ()) -> None:
-    """Raise SandboxUnavailable / container.ContainerUnavailable unless the chosen tier can be
-    set up here (`hidden`: folders the container tier must show to be out of the user's reach,
-    the reports' folders)."""
-    if isolation == CONTAINER_TIER:
-        container.check(_container_code(), hidden)
-    else:
-        check()
 
 
 # What check() runs inside a trial sandbox: each line a property the sandbox must have.

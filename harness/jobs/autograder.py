@@ -23,12 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.isolation.container import USER, ContainerUnavailable
-from harness.isolation.sandbox import (
-    CONTAINER_TIER,
-    SANDBOX_TIER,
-    SandboxUnavailable,
-    tier_check,
-)
+from harness.isolation.sandbox import SandboxUnavailable
+from harness.isolation.tiers import TIERS
 from harness.jobs import autograder_files as files
 from harness.jobs.autograder_try import configure_try, run_try
 from harness.options import positive, usage_error
@@ -58,14 +54,14 @@ def probe(hidden: Sequence[Path]) -> tuple[str, list[str]]:
     """The first isolation tier whose trial passes here (the sandbox first: it also takes the
     network away), or "none"; and each tier's verdict."""
     said = []
-    for tier in (SANDBOX_TIER, CONTAINER_TIER):
+    for tier in TIERS.values():
         try:
-            tier_check(tier, hidden if tier == CONTAINER_TIER else ())
+            tier.trial(hidden)
         except (SandboxUnavailable, ContainerUnavailable) as e:
-            said.append(f"{tier}: cannot be set up: {e}")
+            said.append(f"{tier.name}: cannot be set up: {e}")
             continue
-        said.append(f"{tier}: works")
-        return tier, said
+        said.append(f"{tier.name}: works")
+        return tier.name, said
     return "none", said
 
 

@@ -41,7 +41,8 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from harness.isolation.sandbox import CONTAINER_TIER, PROJECT_ROOT, SANDBOX_TIER
+from harness.isolation.sandbox import PROJECT_ROOT
+from harness.isolation.tiers import CONTAINER, SANDBOX
 from harness.reports.prairielearn import JOB_LOG
 from harness.shared_tests.record import Test
 
@@ -330,8 +331,8 @@ def scripts(platform: Platform, args: argparse.Namespace) -> dict[str, str]:
         "venv": VENV,
         "user": args.user,
         "torch": TORCH,
-        "sandbox": SANDBOX_TIER,
-        "container": CONTAINER_TIER,
+        "sandbox": SANDBOX.name,
+        "container": CONTAINER.name,
         "options": shlex.join(options),
         "tests": tests,
     }

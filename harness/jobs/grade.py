@@ -23,17 +23,9 @@ from typing import Any
 
 from harness.engine import executors, work
 from harness.grading import Grading, not_judged, result_line, sandboxed, tests_apart
-from harness.isolation.sandbox import (
-    CONTAINER_TIER,
-    DEFAULT_LIMITS,
-    SANDBOX_TIER,
-    TIERS,
-    Limits,
-    UnsafeInput,
-    limits_problem,
-)
+from harness.isolation import tiers
+from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput
 from harness.options import (
-    CONTAINER,
     SANDBOX,
     UNSAFE,
     add_dtype,
@@ -62,7 +54,7 @@ def grade(
     limits: Limits = DEFAULT_LIMITS,
     time_limit: float | None = None,
     unsafe: bool = False,
-    isolation: str = SANDBOX_TIER,
+    isolation: str = tiers.SANDBOX.name,
     apart: Collection[str] | None = None,
 ) -> Grade:
     """Run `tests` on the submission at `path` (a .py file, a package directory, or a student's
@@ -73,11 +65,12 @@ def grade(
     side, gives none).
 
     Whatever the submission does, the answer is a Grade (Grading)."""
-    mode = UNSAFE if unsafe else CONTAINER if isolation == CONTAINER_TIER else SANDBOX
-    if not unsafe and (missing := limits_problem(isolation)):  # said in every report
+    tier = tiers.tier(isolation)
+    mode = UNSAFE if unsafe else tier.described
+    if not unsafe and (missing := tier.limits_problem()):  # said in every report
         mode = f"{mode}; {missing}"
     if apart is None:
-        apart = tests_apart(one_user=isolation == CONTAINER_TIER and not unsafe)
+        apart = tests_apart(one_user=tier.one_user and not unsafe)
     workers = sandboxed(limits, unsafe, isolation)
     with Grading(path, tests, mode, workers, time_limit) as g:
         return g.grade(apart)
@@ -136,8 +129,8 @@ def configure_grade(parser: argparse.ArgumentParser) -> None:
     add_dtype(parser)
     parser.add_argument(
         "--isolation",
-        choices=TIERS,
-        default=SANDBOX_TIER,
+        choices=tuple(tiers.TIERS),
+        default=tiers.SANDBOX.name,
         help="how untrusted workers are isolated: a bubblewrap sandbox each (default), or the "
         "container tier (root, as the dedicated user the autograder's setup.sh creates: where "
         "bubblewrap cannot start); never chosen for you",

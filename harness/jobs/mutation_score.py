@@ -43,8 +43,9 @@ from harness.analysis import Score, summarize
 from harness.engine import executors, work
 from harness.engine.cache import KEPT, Store, default_root, suite_run_key
 from harness.engine.run import Launch, unjudgeable
-from harness.isolation import sandbox
-from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput, staged, starter
+from harness.isolation import sandbox, tiers
+from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput, staged
+from harness.isolation.tiers import starter
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout, printable
 from harness.jobs.disguise import disguise
 from harness.options import (
@@ -347,7 +348,7 @@ def mutation_score(
             stops.update({s.name: honest for s in mutants if is_generated(s)})
     score = _score(subs, runs, module_name, time_limit, time.monotonic() - started)
     score.isolation = UNSAFE if unsafe else SANDBOX  # said in every report, as a grade's
-    if not unsafe and (missing := sandbox.limits_problem()):
+    if not unsafe and (missing := tiers.SANDBOX.limits_problem()):
         score.isolation = f"{SANDBOX}; {missing}"
     if store is not None:
         score.reuse = f"incremental: {len(kept)} of {len(subs)} subjects' runs reused"

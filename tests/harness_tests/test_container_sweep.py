@@ -184,7 +184,7 @@ def test_a_failed_final_sweep_is_said_in_every_report_and_the_grade_stands(tmp_p
     monkeypatch.setattr(container, "sweep_user", lambda interpreter: said)
     submission = tmp_path / "transformer.py"
     submission.write_text("x = 1\n")
-    g = grade(submission, tests, isolation=grading.CONTAINER_TIER)
+    g = grade(submission, tests, isolation="container")
     assert not g.error and g.passed and g.score == tests[0].points
     assert said in g.isolation
     assert said in grade_report.text(g)

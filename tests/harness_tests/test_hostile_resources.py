@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.grading import rejection
-from harness.isolation import cgroups, sandbox, staging, static_check
+from harness.isolation import cgroups, sandbox, staging, static_check, tiers
 from harness.jobs.grade import grade
 from harness.shared_tests.laws import BY_NAME
 
@@ -286,8 +286,8 @@ def test_without_cgroups_memfd_is_refused_and_every_report_says_so(monkeypatch, 
     monkeypatch.setattr(sandbox, "_CHECKED", None)
     with deadline(120):
         sandbox.check()  # the trial shows memfd_create refused and /dev/shm bounded
-    assert "LIMITS MISSING" in sandbox.limits_problem()
-    assert "no cgroup in this test" in sandbox.limits_problem("container")
+    assert "LIMITS MISSING" in tiers.SANDBOX.limits_problem()
+    assert "no cgroup in this test" in tiers.CONTAINER.limits_problem()
     with deadline(200):
         g = grade(overlay("resource_memfd_fill", tmp_path), [BY_NAME[NOAM]])
     assert "LIMITS MISSING" in g.isolation and "no cgroup in this test" in g.isolation

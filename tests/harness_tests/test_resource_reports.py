@@ -22,7 +22,7 @@ import pytest
 
 from harness import grading
 from harness.engine import work
-from harness.isolation import staging
+from harness.isolation import staging, tiers
 from harness.jobs import mutation_score as scoring
 from harness.options import CONTAINER, SANDBOX, UNSAFE
 from harness.outcomes import Outcome
@@ -314,12 +314,12 @@ def every_report(s, tests_dir: Path) -> dict[str, str]:
 
 @pytest.mark.slow
 def test_every_report_of_a_mutation_score_says_which_limit_is_missing(tmp_path, monkeypatch):
-    monkeypatch.setattr(scoring.sandbox, "limits_problem", lambda isolation="sandbox": MISSING)
+    monkeypatch.setattr(tiers.Tier, "limits_problem", lambda tier: MISSING)
     s = scoring.mutation_score(tmp_path, executor=Instant(), generated=0)
     assert s.isolation == f"{SANDBOX}; {MISSING}"
     for name, report in every_report(s, tmp_path).items():
         assert MISSING in report, name
-    monkeypatch.setattr(scoring.sandbox, "limits_problem", lambda isolation="sandbox": "")
+    monkeypatch.setattr(tiers.Tier, "limits_problem", lambda tier: "")
     s = scoring.mutation_score(tmp_path, executor=Instant(), generated=0)
     assert s.isolation == SANDBOX and "LIMITS MISSING" not in json.dumps(every_report(s, tmp_path))
     s = scoring.mutation_score(tmp_path, executor=Instant(), generated=0, unsafe=True)
