@@ -325,27 +325,36 @@ def generate(source: str) -> list[Mutation]:
 
 
 # Hand-made mutants for the README's clause -> test table, where no generated operator breaks
-# exactly one clause (a call unwrapped, a constant scaled): (name, text of impl, replacement).
+# exactly one clause (a call unwrapped, a constant scaled): catalog records, one patch each.
+
+
+def _hand(name: str, old: str, new: str) -> Mutant:
+    return Mutant(
+        id=f"hand_{name}",
+        mutator=f"hand_{name}",
+        pitfall=name.replace("_", " "),
+        killers=(),
+        patches=(Patch(old, new),),
+        target=TARGET,
+    )
+
+
 HAND = (
-    ("no_embedding_dropout", "        return self.dropout(x)\n", "        return x\n"),
-    (
+    _hand("no_embedding_dropout", "        return self.dropout(x)\n", "        return x\n"),
+    _hand(
         "no_encoder_self_attention_output_dropout",
         "    def _sa_block(self, x: Tensor, mask: Tensor) -> Tensor:\n"
         "        return self.dropout(self.self_attn(x, x, mask))",
         "    def _sa_block(self, x: Tensor, mask: Tensor) -> Tensor:\n"
         "        return self.self_attn(x, x, mask)",
     ),
-    (
-        "embedding_std_1.4_percent_off",
-        "std=d**-0.5)",
-        "std=1.014 * d**-0.5)",
-    ),
-    (
+    _hand("embedding_std_1.4_percent_off", "std=d**-0.5)", "std=1.014 * d**-0.5)"),
+    _hand(
         "logits_in_float32",
         "        return F.linear(y, self.out_weight())",
         "        return F.linear(y.float(), self.out_weight().float()).to(y.dtype)",
     ),
-    (
+    _hand(
         "linear2_not_called_as_a_module",
         "return self.dropout(self.linear2(self.dropout(F.relu(self.linear1(x)))))",
         "return self.dropout(F.linear(self.dropout(F.relu(self.linear1(x))), "
@@ -355,17 +364,18 @@ HAND = (
 
 
 def hand_mutants(source: str) -> list[Mutation]:
-    """HAND as mutations of the source (each text occurs exactly once)."""
+    """HAND as mutations of the source, placed where each record's one patch applies (a patch
+    that no longer applies exactly once raises PatchError, naming the mutant)."""
     out = []
     offset = _Offsets(source)
     make = _maker(source, ast.parse(source))
-    for name, old, new in HAND:
-        if source.count(old) != 1:
-            raise ValueError(f"hand mutant {name}: its text occurs {source.count(old)} times")
-        start = source.index(old)
+    for record in HAND:
+        record.apply(source)  # the record's own exactly-once check
+        (patch,) = record.patches
+        start = source.index(patch.old)
         line = source.count("\n", 0, start) + 1
         col = start - offset(line, 0) + 1
-        out.append(make(f"hand_{name}", line, col, new, start, start + len(old)))
+        out.append(make(record.mutator, line, col, patch.new, start, start + len(patch.old)))
     return out
 
 
