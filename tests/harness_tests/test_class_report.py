@@ -23,6 +23,7 @@ from harness.reports import class_report
 from harness.reports import grades as tables
 from harness.reports.gradescope import gradescope
 from harness.shared_tests.laws import BY_NAME
+from harness.tools.render_stryker import CHROMIUM_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -317,14 +318,7 @@ def dump_dom(browser: Path, page: Path, profile: Path) -> str:
     done = subprocess.run(
         [
             str(browser),
-            "--headless",
-            "--no-sandbox",
-            "--disable-gpu",
-            "--disable-quic",
-            "--no-first-run",
-            "--disable-background-networking",
-            "--disable-component-update",
-            "--disable-sync",
+            *CHROMIUM_FLAGS,  # as the Stryker screenshots run it
             f"--user-data-dir={profile}",
             "--dump-dom",
             page.resolve().as_uri(),
