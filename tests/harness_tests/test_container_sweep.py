@@ -95,7 +95,10 @@ def throwaway_uid() -> int:
         for line in status.splitlines():
             if line.startswith("Uid:"):
                 taken.update(int(u) for u in line.split()[1:])
-    return next(u for u in range(43000, 60000) if u not in taken)
+    # from a place of this process's own, so that two test sessions at once (CI beside a
+    # developer's run) do not both take the first free one and sweep each other's processes
+    first = 43000 + os.getpid() % 16000
+    return next(u for u in [*range(first, 60000), *range(43000, first)] if u not in taken)
 
 
 @pytest.fixture
