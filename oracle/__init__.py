@@ -3,8 +3,9 @@
 Read top to bottom: ops.py (the primitives), layers.py (sublayers and layers), model.py (the
 stacks), decoding.py (KV-cached steps, beam search), loss.py (label smoothing, Noam),
 grads.py (the backward pass, chained from the backwards beside each forward), params.py,
-error_bounds.py (how far an honest subject in float32, bfloat16 or float16 may be) and
-roundoff.py (the same bound for any oracle function, gradients included). Then
+precision.py (each dtype's arithmetic), roundoff.py (the rounding model: how far an honest
+subject in float32, bfloat16 or float16 may be from any oracle function, gradients included) and
+error_bounds.py (its view of the forward pass and the loss). Then
 readers/ (state_dict.py: any subject's parameters; marian.py: Hugging Face Marian checkpoints)
 and adapters/ (flax_block.py: seed 002's Flax pre-LN decoder block; depth_stacks.py: seed 004's
 shared-weight stacks).

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from oracle.error_bounds import PRECISIONS, U64
+from oracle.precision import PRECISIONS, U64
 
 BETAS = (0.9, 0.98)  # section 5.3
 EPS = 1e-9  # section 5.3

@@ -1,27 +1,57 @@
-"""Any oracle function re-run under a dtype's roundings: the bound of every value it returns.
+"""The rounding model, in one place: any oracle function re-run under a dtype's roundings.
 
-`bounded(fn, params, *args, dtype=...)` calls fn(params, *args) once as it is (the oracle's value)
-and `samples` more times with every floating-point result inside it rounded as an honest
-implementation computing in `dtype` may round it, and returns the value with a bound on
-|subject - oracle| for each of its numbers: the logits, a loss, every parameter's gradient, a
-decode step's logits, whatever fn returns. The model of rounding and the statistics are
-error_bounds.py's (its module docstring argues them): each stored result moves by u|y| + eta with
-a random sign, each sum or difference a + b first by u(|a| + |b|) (its operands' roundings at
-their own magnitudes: where a + b cancels, u|a + b| alone misses them), each length-n reduction
-(matmul's inner products, sums, means, the scatter-add of an embedding's gradient) by u_acc
-sqrt(n) sum|t| times N(0, 1), exp, log and sqrt by u + 2 u_acc; the bound is LAMBDA times the
-root mean square deviation of the runs from the value.
+`bounded(fn, *args, dtype=...)` calls fn(*args) once as it is (the oracle's value) and `samples`
+more times with every floating-point result inside it rounded as an honest implementation
+computing in `dtype` may round it, and returns the value with a bound on |subject - oracle| for
+each of its numbers: the logits and every traced boundary (oracle.error_bounds.forward_bounds), a
+loss, every parameter's gradient, a decode step's logits, whatever fn returns. Every bound the
+project derives comes from here.
 
-How: Monte Carlo arithmetic (Parker, 1997; verificarlo and CADNA do it by compiling the
-program), done here at numpy's dispatch. The oracle's arrays are wrapped in `Noisy`, an ndarray
-subclass whose `__array_ufunc__` perturbs every floating-point result and whose
-`__array_function__` keeps results wrapped through numpy's functions that only move or select
-(where, concatenate, take_along_axis). The oracle's own code runs unchanged, forward and backward:
-one mechanism for every value, with nothing written twice. Exact operations are left exact:
-max, min, comparisons, negation, abs, relu's maximum and the integer arithmetic of ids and
-masks. Inputs are rounded where the subject cannot hold them (a weight that is not a number of
-its dtype); the positional table is the oracle's moved by as much as an honest subject's may be
-(error_bounds.pe_error, one random sign per entry), rounded as an operand of the sum it enters.
+The model of an honest implementation (Higham, "Accuracy and Stability", ch. 2-3; each dtype's
+u, u_acc and eta in oracle/precision.py):
+- every stored result y moves by u|y| + eta;
+- a sum or difference a + b moves first by u(|a| + |b|), its operands' roundings at their own
+  magnitudes, then by its own storage: where a + b cancels, u|a + b| alone misses them (a correct
+  float64 x0 of 0.056 failed such a bound by one ulp of its terms, issue 35); this covers the
+  embedding + PE sum, residuals, bias adds, LayerNorm's mean subtraction, softmax's max shift and
+  the loss's terms;
+- a length-n reduction (matmul's inner products, sums, means, an embedding gradient's
+  scatter-add) accumulates in u_acc: sum_k d_k S_k (S_k its partial sums, |d_k| <= u_acc), at
+  most u_acc sqrt(n) sum|t| in the sub-Gaussian scale of Higham & Mary;
+- exp, log, sqrt, tanh, sin and cos are within 2 u_acc of the exact value before they are stored;
+- inputs: a weight that is not a number of the dtype is rounded when loaded (the shared tests
+  draw float32 numbers, exact in float32 and float64); the positional table is the oracle's
+  moved by as much as an honest table computed in u_acc may be (precision.pe_error), one random
+  sign per entry;
+- the oracle's own float64 rounding is counted too (u + 2^-53 everywhere). Not modelled: float16
+  overflow past 65504 (the bound is inf where a value nears the dtype's largest number).
+
+Propagation, and the choice argued: the worst-case form (Higham's gamma_n = n u on |A||B|,
+carried through every equation by |W| |de|) holds for every rounding, but its componentwise
+propagation grows by the row sums of |W| (0.8 sqrt(d) for N(0, 1/d) weights) at every matmul:
+through a 2 + 1 layer post-LN model of width 32 it grew to 1e8 times the logits, useless beyond
+one layer. Real errors propagate through W with their signs and mostly cancel. So the bound is
+probabilistic, after Higham & Mary (2019): rounding errors are taken as mean-independent (round
+to nearest on data that is not adversarial), and the analysis is run as a stochastic one, Monte
+Carlo arithmetic (Parker, 1997): every rounding of the model is replaced by its largest size
+times a random sign (storage: +-u|y|, three times round-to-nearest's variance u^2/3;
+accumulations: N(0, 1) u_acc sqrt(n) sum|t|). The spread s of a value over the runs estimates
+the standard deviation of a linear combination of independent bounded errors, whose tail
+Hoeffding's inequality bounds: P(|err| > lam s) <= 2 exp(-lam^2 / 2). With s estimated from
+K = 32 runs, err / s follows Student's t with 32 degrees of freedom, and B = LAMBDA s = 10 s is
+exceeded with probability ~1e-10 per value. The runs are the equations themselves, not a
+linearization, so bfloat16's percent-size errors through softmax and LayerNorm are carried as
+they are.
+
+How: verificarlo and CADNA do Monte Carlo arithmetic by compiling the program; here it is done at
+numpy's dispatch. The oracle's arrays are wrapped in `Noisy`, an ndarray subclass whose
+`__array_ufunc__` perturbs every floating-point result and whose `__array_function__` keeps
+results wrapped through numpy's functions that only move or select (where, concatenate,
+take_along_axis). The oracle's own code runs unchanged, forward and backward: one mechanism for
+every value, nothing written twice. Exact operations stay exact: max, min, comparisons,
+negation, abs, relu's maximum and the integer arithmetic of ids and masks.
+tests/oracle_tests/perturbed_forward.py writes the same model out by hand for the forward pass,
+as an independent check (test_roundoff.py).
 """
 
 from __future__ import annotations
@@ -35,8 +65,11 @@ from typing import Any
 
 import numpy as np
 
-from oracle.error_bounds import LAMBDA, PRECISIONS, SAMPLES, U64, pe_error, representable
 from oracle.params import Params
+from oracle.precision import PRECISIONS, U64, pe_error, representable
+
+SAMPLES = 32  # K, the perturbed runs
+LAMBDA = 10.0  # B = LAMBDA * s: P(|t_32| > 10) ~ 1e-10 per value
 
 # ufuncs whose result is rounded once when stored
 STORED = {

@@ -16,13 +16,13 @@ import numpy as np
 import oracle
 from harness.shared_tests.inputs import contract_shapes, run_dtype
 from harness.shared_tests.record import Failure
-from oracle.error_bounds import PRECISIONS
+from oracle.precision import PRECISIONS
 
 # How far a subject's value may be from the oracle's is derived per value, never calibrated: the
 # oracle re-runs its own computation of that value under the roundings of the subject's dtype
 # (oracle.roundoff, Monte Carlo arithmetic), and the bound, ten times the spread of 32 such runs,
 # holds for an honest implementation computing in that dtype with probability ~1 - 1e-10 per
-# value (oracle/error_bounds.py argues the model and the statistics). A value that is exact in
+# value (oracle/roundoff.py argues the model and the statistics). A value that is exact in
 # the oracle's arithmetic (a masked product, a sum of zeros) gets a bound of the dtype's
 # subnormal size. Two honest computations of one value by the same subject (decode_step and
 # decode, a source padded to another length) differ by at most the sum of their bounds: `both`.

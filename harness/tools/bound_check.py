@@ -358,7 +358,7 @@ def _report(args: argparse.Namespace, worst: dict, runs: dict, skipped: dict, se
         f"Date: {datetime.date.today()}, commit {commit or 'unknown'}, {secs:.0f} s on the CPU.",
         "",
         "Worst |subject - oracle| / bound over every real logit and every traced boundary the "
-        "subject exposes under the contract's module names (oracle/error_bounds.py; bound = "
+        "subject exposes under the contract's module names (oracle/roundoff.py; bound = "
         "10 x the spread of 32 perturbed runs)"
         + (
             ", and with --grads over the label-smoothed loss and every parameter's gradient of "

@@ -7,7 +7,7 @@ Nothing of yours is executed: you run your model (in your dtype) on the inputs a
 it returned. The oracle reads your weights (any naming scheme oracle.read_state_dict knows:
 the contract's, torch's nn.Transformer stacks, Hugging Face Marian), computes the logits in
 float64 and, for each value, the bound on how far an honest implementation computing in your
-dtype may be from it (oracle/error_bounds.py). Reported: the values outside their bound, the
+dtype may be from it (oracle/roundoff.py). Reported: the values outside their bound, the
 worst ratio |yours - oracle| / bound, and the first divergence: the first traced boundary (in
 the order of computation) with a value outside its bound, when you hand in traced values, else
 the logits. Exit status: 0 all inside, 1 some value outside, 2 a usage error.
@@ -25,7 +25,8 @@ import numpy as np
 
 import oracle
 from harness.shared_tests.inputs import batch
-from oracle.error_bounds import PRECISIONS, forward_bounds
+from oracle.error_bounds import forward_bounds
+from oracle.precision import PRECISIONS
 
 HELP = {
     "state": "your weights: a .safetensors file, or a .pt/.pth torch state_dict (loaded with "

@@ -3,7 +3,7 @@
 For each fault kind and each dtype (float64, float32, bfloat16, float16), impl runs with the
 fault at decreasing sizes on a few random configurations; a size is detected when some real
 logit of the faulty subject lies outside the oracle's bound for an honest subject in that
-dtype (oracle/error_bounds.py). The table gives, per kind and dtype, the smallest size detected
+dtype (oracle/roundoff.py). The table gives, per kind and dtype, the smallest size detected
 on every configuration (and on at least one). Nothing is hard-coded: rerun to reproduce.
 
     xfmr detection --write results/detection.md

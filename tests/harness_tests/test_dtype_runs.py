@@ -14,7 +14,7 @@ from harness.shared_tests.inputs import in_run_dtype, run_dtype, set_run_dtype
 from harness.shared_tests.laws import BY_NAME
 from harness.shared_tests.laws.values import golden_comparisons
 from harness.subjects import Kind, Subject
-from oracle.error_bounds import representable
+from oracle.precision import representable
 
 TESTS = [
     BY_NAME[name]

@@ -15,9 +15,10 @@ import torch
 
 import oracle
 from harness.shared_tests.inputs import config, contract_shapes, draw_weights
-from oracle.error_bounds import LAMBDA, PRECISIONS, U64
 from oracle.model import embed
 from oracle.ops import linear, positional_encoding
+from oracle.precision import PRECISIONS, U64
+from oracle.roundoff import LAMBDA
 
 D, T = 16, 32  # the shared tests' width, every position up to their max_len
 # the sweeps' draws: 2000 in the slow run (about 45 s each on one core), 100 by default

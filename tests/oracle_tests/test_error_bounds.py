@@ -1,5 +1,6 @@
-"""The derived error bound (oracle/error_bounds.py) as data: honest subjects in float32, bfloat16
-and float16 stay inside it on every real logit and traced boundary; faults leave it.
+"""The forward pass's derived error bound (oracle.forward_bounds, a view of oracle/roundoff.py)
+as data: honest subjects in float32, bfloat16 and float16 stay inside it on every real logit
+and traced boundary; faults leave it.
 
 Hypothesis draws small configurations (both norms, every tying, 1-2 layers, d 8-32), weights and
 padded batches; impl (with its traced modules) and the torch copy run in each dtype on the CPU.
@@ -20,6 +21,7 @@ from harness.tools.bound_check import DTYPES, draw_case, ratios, run_subject
 from impl import torch_copy
 from impl import transformer as impl
 from oracle.error_bounds import forward_bounds, label_smoothed_loss_bound
+from oracle.precision import PRECISIONS
 
 SMALL = (8, 16, 32)  # widths: the CI cost stays a few seconds per dtype
 
@@ -42,14 +44,15 @@ def test_the_loss_of_honest_logits_stays_inside_its_bound(dtype):
     case = draw_case(np.random.default_rng(5), 5, SMALL)
     b = case.batch
     params, logits, _ = run_subject(impl.Transformer, case, dtype)
-    fb = forward_bounds(params, b["src"], b["tgt_in"], b["src_mask"], b["tgt_mask"], dtype)
-    want, bound = label_smoothed_loss_bound(fb, b["tgt_out"], 0.1, 0)
+    want, bound = label_smoothed_loss_bound(
+        params, b["src"], b["tgt_in"], b["tgt_out"], b["src_mask"], b["tgt_mask"], 0.1, 0, dtype
+    )
     z = torch.tensor(logits).to(DTYPES[dtype])
     got = float(impl.label_smoothed_loss(z, torch.tensor(b["tgt_out"]), 0.1, 0))
     assert abs(got - want) <= bound, (got, want, bound)
     # useful, not vacuous: measured 11-19 u of the loss in bfloat16/float16 and 50-70 u in
     # float32 (where the accumulation's sqrt(n) sum|t| dominates), 4 draws each
-    assert bound < 128 * oracle.error_bounds.PRECISIONS[dtype].u * max(1.0, abs(want))
+    assert bound < 128 * PRECISIONS[dtype].u * max(1.0, abs(want))
 
 
 def test_float64_bound_is_a_few_hundred_ulps_and_holds():

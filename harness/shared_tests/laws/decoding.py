@@ -48,7 +48,7 @@ from harness.shared_tests.verdicts import (
     errors,
     read_params,
 )
-from oracle.error_bounds import PRECISIONS
+from oracle.precision import PRECISIONS
 
 # More rows than CPython caches as small integers (-5..256): two equal sizes compared with `is
 # not` (identity, not value) differ from 257 rows on, so a batch this large reaches that slip.

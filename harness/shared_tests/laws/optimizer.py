@@ -20,8 +20,8 @@ import numpy as np
 import oracle
 from harness.shared_tests.inputs import config, draw_seed, pushed_weights
 from harness.shared_tests.record import Call, Failure, law
-from oracle.error_bounds import PRECISIONS
 from oracle.optim import BETAS, EPS, bias_corrected, first_moment, second_moment
+from oracle.precision import PRECISIONS
 
 CFG = config(n_enc=1, n_dec=1)
 SEED = 18  # the model's own initialization, replaced by the pushed weights

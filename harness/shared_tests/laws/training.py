@@ -21,7 +21,7 @@ from harness.shared_tests.inputs import (
 from harness.shared_tests.record import Call, Failure, law
 from harness.shared_tests.updates import NotTheLossGradient, Updates
 from harness.shared_tests.verdicts import derived, errors, untied_params
-from oracle.error_bounds import PRECISIONS
+from oracle.precision import PRECISIONS
 
 
 @law(
