@@ -19,8 +19,8 @@ mutant. The matrix does the same, per cell, and sound by construction rather tha
    the worker sends back what impl's sent and the verdict, a function of that data, is impl's.
 
 The cell is then impl's outcome with `ran=False` and a message that says so; `xfmr matrix
---run-every-cell` runs them instead (tests/harness_tests/test_coverage.py checks, cell for cell,
-that both ways give the same matrix).
+--run-every-cell` runs them instead (tests/harness_tests/engine/test_coverage.py checks, cell
+for cell, that both ways give the same matrix).
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ REPLY_LIMITS: dict[str, wire.Limits] = {}  # a probe's own caps, where CALL_REPL
 # (grade-batch runs one worker per submission), at most CALL_REPLY.cost() (88 MiB). Measured as
 # the grader's VmHWM (its own address space's high-water mark): 99 MiB for nine correct
 # submissions on three tests, 122 MiB on every test, 173 MiB under the forged frames and decoding
-# bombs of tests/harness_tests/test_hostile_wire.py (the old caps let one frame take it to 2.9 GB).
+# bombs of tests/harness_tests/isolation/test_hostile_wire.py (the old caps let one frame take
+# it to 2.9 GB).
 # Not ru_maxrss: Linux carries it across exec, so a grader started from a process of 785 MiB
 # (pytest, late in a CI run) reports 785 MiB whatever it used itself.
 GRADER_BASE = 160 << 20  # 122 MiB measured on a full grade-batch, with a margin for the draws

@@ -1,5 +1,5 @@
 """A simulated autograder container, for `xfmr autograder try` and the CI (tests/harness_tests/
-test_autograder.py, test_prairielearn.py): one simulation, used by both.
+jobs/test_autograder.py, test_prairielearn.py): one simulation, used by both.
 
 What is real: the platform's files (Gradescope's zip, PrairieLearn's image folder) and their
 scripts, run as root; the isolation tier their scripts prove, with its nested bubblewrap or its

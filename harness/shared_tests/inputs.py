@@ -69,7 +69,7 @@ def golden_inputs() -> Iterator[tuple[str, dict[str, Any], dict[str, np.ndarray]
 
 
 # The seed of a subject's own initialization where a test of the project runs a probe without
-# the parent's weights (tests/harness_tests/test_diagnosis.py); no shared test uses it.
+# the parent's weights (tests/harness_tests/shared_tests/test_diagnosis.py); no shared test uses it.
 GOLDEN_SEED = 11
 
 

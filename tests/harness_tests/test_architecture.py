@@ -1,7 +1,7 @@
 """The layout's own rules, read from the source: no import circle among the project's modules (with
 the edges import-linter cannot see: imports inside functions and importlib.import_module by
 name), no harness module over 700 lines, every top-level folder of harness/ named by its role,
-and no dask on the default paths."""
+tests/harness_tests mirroring harness/, and no dask on the default paths."""
 
 from __future__ import annotations
 
@@ -135,6 +135,24 @@ def test_every_folder_of_harness_is_named_by_its_role():
     for name in folders - {"data"}:
         init = ROOT / "harness" / name / "__init__.py"
         assert ast.get_docstring(ast.parse(init.read_text())), f"harness/{name} says no role"
+
+
+# folders of tests/harness_tests that hold data or subjects, not the tests of a subpackage
+TEST_DATA = {"realworld": "the real-world-style set, read by tests of several subpackages"}
+
+
+def test_the_tests_of_harness_mirror_its_subpackages():
+    # a subpackage's tests live in the folder of its name; top-level modules' tests beside them
+    tests = ROOT / "tests" / "harness_tests"
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    code = set(ROLES) - {"data"}
+    assert folders - set(TEST_DATA) == code, "tests/harness_tests/ must mirror harness/"
+    assert all(any((tests / name).glob("test_*.py")) for name in code)
+    for path in tests.glob("test_*.py"):  # a top-level test names a top-level module it tests
+        stem = path.stem.removeprefix("test_")
+        assert (
+            stem in {"architecture", "examples_sync"} or (ROOT / "harness" / f"{stem}.py").exists()
+        ), path
 
 
 def test_the_default_paths_never_import_dask():

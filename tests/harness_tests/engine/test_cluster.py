@@ -22,7 +22,7 @@ else:
 
 pytestmark = [pytest.mark.slow, pytest.mark.cluster]
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 # the quick shared tests (the learning run alone takes 20 s a submission, nothing new for the
 # engine); the faulty example fails some of them
 QUICK = (

@@ -311,7 +311,7 @@ def test_incremental_matrix_check_sees_every_cell(tmp_path, capsys):
 
 # --- mutation-score --incremental -------------------------------------------------------------
 
-WEAK = Path(__file__).resolve().parents[2] / "examples" / "student_tests_weak"
+WEAK = Path(__file__).resolve().parents[3] / "examples" / "student_tests_weak"
 
 
 def suite_keys(suite_dir: Path) -> dict[str, str]:

@@ -4,8 +4,9 @@ helper, a process that stops itself, setsid daemons and a process that forks and
 
 The student is a throwaway uid of no account (a forked child drops to it with setresuid, as the
 container tier's worker does), so these run on any Linux machine where the tests run as root;
-the whole tier, in a simulated Gradescope container, is tests/harness_tests/test_autograder.py's
-and test_container_sweep_in_a_simulated_gradescope_container below.
+the whole tier, in a simulated Gradescope container, is
+tests/harness_tests/jobs/test_autograder.py's and
+test_container_sweep_in_a_simulated_gradescope_container below.
 """
 
 from __future__ import annotations

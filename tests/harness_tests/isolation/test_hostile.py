@@ -1,7 +1,7 @@
-"""Hostile submissions and suites (tests/harness_tests/hostile/) against the real sandbox: each
-ends in the grade it deserves with a clear reason, in bounded time, and leaves the grader, the
-machine, the project and the reports unharmed. One `xfmr grade-batch` grades every submission
-at once, as a course would, with a correct classmate among them.
+"""Hostile submissions and suites (tests/harness_tests/isolation/hostile/) against the real
+sandbox: each ends in the grade it deserves with a clear reason, in bounded time, and leaves the
+grader, the machine, the project and the reports unharmed. One `xfmr grade-batch` grades every
+submission at once, as a course would, with a correct classmate among them.
 
 What "unharmed" means here, checked around the batch: no file of the project, of site-packages,
 of the grader's working directory or of /root changed; no process of the batch left; every
@@ -37,7 +37,7 @@ from harness.subjects import module_source
 
 pytestmark = pytest.mark.slow  # one grade-batch of 18 submissions and two mutation scores
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HOSTILE = Path(__file__).parent / "hostile"
 # The schedule (every overlay's real fault), the golden forward pass (where most attacks fire)
 # and causality (the blind decoder's law). 8 s per test bounds a hang; each takes under 1 s.

@@ -27,7 +27,7 @@ from harness.shared_tests.laws import BY_NAME
 
 pytestmark = pytest.mark.slow  # a few grades in real sandboxes
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HOSTILE = Path(__file__).parent / "hostile"
 NOAM = "test_hand_example_noam"
 GOLDEN = "test_golden_torch"

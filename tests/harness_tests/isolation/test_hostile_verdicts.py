@@ -4,7 +4,7 @@ measurement, the optimizer's gradients and rates) or computed by the oracle; the
 supplies outputs only.
 
 Each attack is an overlay on a correct submission (the torch copy, or the correct example) in
-tests/harness_tests/hostile/ and is graded by `xfmr grade`'s own function on the tests it
+tests/harness_tests/isolation/hostile/ and is graded by `xfmr grade`'s own function on the tests it
 targets: the attacked test fails with a reason that names what the attack did, and the tests it
 does not touch still pass (no over-charge). The correct classmate passes all of them.
 """
@@ -21,7 +21,7 @@ from harness.shared_tests.laws import BY_NAME
 
 pytestmark = pytest.mark.slow  # seven sandboxed grades, two of them with the learning test
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HOSTILE = Path(__file__).parent / "hostile"
 
 

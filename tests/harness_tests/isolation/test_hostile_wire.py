@@ -1,5 +1,5 @@
 """The wire between the grader and its workers cannot be flooded or desynchronised from inside the
-sandbox (issue 34), against the real sandbox: forged frames (tests/harness_tests/hostile/
+sandbox (issue 34), against the real sandbox: forged frames (tests/harness_tests/isolation/hostile/
 wire_forged_frame.py) and decoding bombs (wire_decoding_bomb.py), each an overlay on the
 example correct submission, graded by one `xfmr grade-batch --jobs 2` beside a correct
 classmate, in a process of its own whose peak memory is measured.
@@ -25,7 +25,7 @@ from harness.isolation.worker import CALL_REPLY, GRADER_PEAK
 
 pytestmark = pytest.mark.slow  # one grade-batch of 9 sandboxed submissions
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CORRECT = ROOT / "examples" / "correct_submission.py"
 NOAM, GOLDEN, CAUSAL = TESTS.split(",")
 

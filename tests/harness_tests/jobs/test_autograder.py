@@ -53,7 +53,7 @@ from harness.jobs.autograder_files import GRADESCOPE
 from harness.jobs.autograder_try import Job, image, job
 from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DATA = Path(__file__).parent / "autograder"
 SUBSET = "test_hand_example_noam,test_golden_torch,test_source_padding_is_never_read"
 SUBSET_POINTS = sum(BY_NAME[n].points for n in SUBSET.split(","))

@@ -18,7 +18,7 @@ from harness.reports.gradescope import gradescope
 from harness.shared_tests.inputs import golden_inputs
 from harness.shared_tests.laws import BY_NAME, SHARED_TESTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from harness.jobs import grade
 from harness.shared_tests.inputs import set_run_dtype
 from harness.shared_tests.laws import SHARED_TESTS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FAULTY_FAILS = [  # the faulty example's float64 failures (test_grade.py)
     "test_golden_torch",
     "test_source_padding_is_never_read",

@@ -13,7 +13,7 @@ from harness.records import Cell
 from harness.shared_tests import inputs
 from mutants import catalog
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 # The example suites' runs, one each, under one fixed draw (the generated sample is the same for

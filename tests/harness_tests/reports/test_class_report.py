@@ -25,7 +25,7 @@ from harness.reports.gradescope import gradescope
 from harness.shared_tests.laws import BY_NAME
 from harness.tools.render_stryker import CHROMIUM_FLAGS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CHROMIUM = Path("/usr/bin/chromium")
 HOSTILE = "<script>alert(1)</script>"
 SCRIPT = '</td></tr><script>alert("x")</script><img src=x onerror=alert(1)>'

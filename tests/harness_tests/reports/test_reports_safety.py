@@ -22,7 +22,7 @@ from harness.reports.safe import FORMULA_START, csv_cell, markdown_cell, to_csv
 from harness.shared_tests.laws import BY_NAME
 from harness.subjects import Kind, Subject
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 OWASP = ("=", "+", "-", "@", "\t", "\r")
 # OWASP's example payload, as a submission's file name
 FORMULA_NAME = "=1+1+cmd|' -c calc'!A0.py"

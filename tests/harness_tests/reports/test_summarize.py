@@ -16,7 +16,7 @@ from harness.reports import grades as tables
 from harness.reports.gradescope import gradescope
 from harness.shared_tests.laws import BY_NAME
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 NAMES = ["test_hand_example_label_smoothing", "test_hand_example_noam", "test_golden_torch"]
 TESTS = [BY_NAME[n] for n in NAMES]
 REASON = {

@@ -20,7 +20,7 @@ from harness.shared_tests.laws import BY_NAME
 from harness.shared_tests.record import Failure
 from harness.subjects import module_source
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SOURCE = module_source("impl.transformer")[1]
 STEP = "test_decode_step_equals_forward"
 TRANSLATE = "test_translate_is_greedy_with_beam_one_and_drops_eos"

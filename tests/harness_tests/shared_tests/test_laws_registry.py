@@ -34,7 +34,7 @@ def probes_named(path: Path) -> set[str]:
 
 
 def test_every_probe_a_check_names_is_registered_in_the_worker():
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     callers = sorted(LAWS.glob("*.py")) + [root / p for p in OTHER_CALLERS]
     named = {p: probes_named(p) for p in callers}
     missing = {
@@ -60,7 +60,7 @@ def test_each_family_of_laws_has_its_probe_module_and_calls_its_own_probes_first
 
 
 def probes_named_elsewhere() -> set[str]:
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     return set().union(*(probes_named(root / p) for p in OTHER_CALLERS))
 
 

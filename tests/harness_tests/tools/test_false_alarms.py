@@ -12,7 +12,7 @@ from harness.subjects import Kind, Subject
 from harness.tools import false_alarms
 from harness.tools.false_alarms import Candidate, candidates, draw_range, sweep
 
-FAULTY = Path(__file__).resolve().parents[2] / "examples" / "faulty_submission.py"
+FAULTY = Path(__file__).resolve().parents[3] / "examples" / "faulty_submission.py"
 
 # Draws outside the committed sweep's range (results/false_alarms.md), so CI adds draws to it
 # instead of repeating them; fixed, so a red run names a draw anyone can rerun.

@@ -14,7 +14,7 @@ from harness.cli import main
 from harness.shared_tests.laws import SHARED_TESTS
 from harness.tools import start
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PYI = ROOT / "impl" / "contract.pyi"
 
 

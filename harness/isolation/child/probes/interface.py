@@ -10,8 +10,10 @@ import torch
 
 from harness.isolation.child.probes.base import (
     build,
+    parameters_by_name,
     persistent_buffers,
     probe,
+    tensor_of,
 )
 
 
@@ -39,6 +41,55 @@ def defaults(module, functions, vocab=None) -> dict[str, Any]:
     return {
         "config": config,
         "functions": {f: of(getattr(module, f)) for f in functions},
+    }
+
+
+def _attempt(fn: Callable[[], Any]) -> dict[str, Any]:
+    """fn's result as {"value": ...}, or what it raised as {"raised": name, "message": ...}."""
+    try:
+        return {"value": fn()}
+    except Exception as e:
+        return {"raised": type(e).__name__, "message": str(e)[:300]}
+
+
+@probe
+def omitted_defaults(module, cfg, weights, data, bos, eos, max_len, rates, explicit):
+    """Each contract function with defaults called twice on the parent's inputs: once leaving
+    every defaulted argument out, once giving `explicit` (the contract's defaults, by name).
+    noam_rate over `rates`; translate with the parent's weights (beam and penalty left out, then
+    the penalty alone, under beam 2); fit from the parent's weights, the global seed the same
+    for both, its losses and the weights it leaves."""
+    model, _ = build(module, cfg, weights=weights)
+    init = {name: t.clone() for name, t in model.state_dict().items()}
+    src, tgt, pad = tensor_of(data["src"]), tensor_of(data["tgt"]), data["pad_id"]
+    noam, tr, fit = explicit["noam_rate"], explicit["translate"], explicit["fit"]
+
+    def rate_list(**kw: Any) -> list[float]:
+        return [float(module.noam_rate(*case, **kw)) for case in rates]
+
+    def translated(**kw: Any) -> list[list[int]]:
+        model.eval()
+        out = module.translate(model, src, bos, eos, pad, max_len, **kw)
+        return [[int(tok) for tok in row] for row in out]
+
+    def fitted(**kw: Any) -> dict[str, Any]:
+        model.load_state_dict(init)
+        model.train()
+        torch.manual_seed(0)
+        losses = module.fit(model, src, tgt, steps=2, batch=2, pad_id=pad, **kw)
+        return {"losses": [float(x) for x in losses], "weights": parameters_by_name(model)}
+
+    beam = {"beam_size": 2}
+    return {
+        "noam_rate": [[_attempt(rate_list), _attempt(lambda: rate_list(**noam))]],
+        "translate": [
+            [_attempt(translated), _attempt(lambda: translated(**tr))],
+            [
+                _attempt(lambda: translated(**beam)),
+                _attempt(lambda: translated(**{**tr, **beam})),
+            ],
+        ],
+        "fit": [[_attempt(fitted), _attempt(lambda: fitted(**fit))]],
     }
 
 
