@@ -326,9 +326,14 @@ def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
     work.add_scheduler(parser)
 
 
-def _gradescope_name(g: Grade) -> str:
-    """The file grade-batch writes a submission's results.json to, in --out."""
-    return f"{Path(g.submission).stem}.gradescope.json"
+def gradescope_names(paths: list[Path]) -> dict[str, str]:
+    """The file grade-batch writes each submission's results.json to, in --out: NAME.gradescope
+    .json by its stem, or by its whole name where two submissions share a stem (a.py and a
+    folder a/: a.py.gradescope.json and a.gradescope.json), so that none overwrites another."""
+    stems = [p.stem for p in paths]
+    return {
+        str(p): f"{p.stem if stems.count(p.stem) == 1 else p.name}.gradescope.json" for p in paths
+    }
 
 
 def run_grade_batch(args: argparse.Namespace) -> int:
@@ -342,8 +347,8 @@ def run_grade_batch(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return usage_error("grade-batch", f"cannot create {out}: {e.strerror or e}")
-    names = ["grades.csv", "hardest_tests.csv", "report.html"]
-    names += [f"{p.stem}.gradescope.json" for p in paths]
+    reports = gradescope_names(paths)
+    names = ["grades.csv", "hardest_tests.csv", "report.html", *reports.values()]
     for name in names:
         if problem := report_path_problem(out / name):
             return usage_error("grade-batch", f"cannot write a report: {problem}")
@@ -367,8 +372,12 @@ def run_grade_batch(args: argparse.Namespace) -> int:
             executor.close()
     except work.ClusterProblem as e:
         return usage_error("grade-batch", str(e))
+
     # every worker is gone: only now does anything get written
-    graded = [tables.Graded.of(g, str(out / _gradescope_name(g))) for g in grades]
+    def report(g: Grade) -> Path:  # a submission that appeared meanwhile: by its whole name
+        return out / reports.get(g.submission, f"{Path(g.submission).name}.gradescope.json")
+
+    graded = [tables.Graded.of(g, str(report(g))) for g in grades]
     table, worst = tables.batch_table(graded), tables.hardest(graded)  # CSVs: reports.safe
 
     def scope(g: Grade) -> Callable[[], dict[str, Any]]:
@@ -380,7 +389,7 @@ def run_grade_batch(args: argparse.Namespace) -> int:
             (out / "grades.csv", lambda: to_csv(table)),
             (out / "hardest_tests.csv", lambda: to_csv(worst)),
             (out / "report.html", lambda: html_report(graded, out)),
-            *[(out / _gradescope_name(g), scope(g)) for g in grades],
+            *[(report(g), scope(g)) for g in grades],
         ],
     )
     print(tables.summary_text(graded))

@@ -351,3 +351,25 @@ def test_the_learning_test_runs_apart_except_in_the_container_tier():
     assert grading.tests_apart(cpus=2) == grading.APART == ("test_learns_reversed_addition",)
     assert grading.tests_apart(cpus=1) == ()
     assert grading.tests_apart(one_user=True, cpus=16) == ()
+
+
+def test_two_submissions_of_one_stem_get_a_report_each(tmp_path, capsys):
+    # a.py and a folder a/: neither report overwrites the other (both are rejected, so no
+    # sandbox runs: what is checked is where the reports go)
+    folder = tmp_path / "class"
+    (folder / "a").mkdir(parents=True)
+    (folder / "a.py").write_text("import harness\n")
+    (folder / "b.py").write_text("import harness\n")
+    names = grade.gradescope_names(grade.submissions(folder))
+    assert sorted(names.values()) == [
+        "a.gradescope.json",
+        "a.py.gradescope.json",
+        "b.gradescope.json",
+    ]
+    out = tmp_path / "out"
+    main(["grade-batch", str(folder), "--out", str(out), "--jobs", "1"])
+    capsys.readouterr()
+    folder_report = json.loads((out / "a.gradescope.json").read_text())
+    file_report = json.loads((out / "a.py.gradescope.json").read_text())
+    assert folder_report != file_report
+    assert "harness" in json.dumps(file_report) and (out / "b.gradescope.json").exists()
