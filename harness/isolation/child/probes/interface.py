@@ -54,13 +54,13 @@ def _attempt(fn: Callable[[], Any]) -> dict[str, Any]:
 
 @probe
 def omitted_defaults(module, cfg, weights, data, bos, eos, max_len, rates, explicit):
-    """Each contract function with defaults called twice on the parent's inputs: once leaving
-    every defaulted argument out, once giving `explicit` (the contract's defaults, by name).
+    """Each contract function with defaults called on the parent's inputs leaving every
+    defaulted argument out, between two calls giving `explicit` (the contract's defaults, by
+    name).
     noam_rate over `rates`; translate with the parent's weights (beam and penalty left out, then
     the penalty alone, under beam 2); fit from the parent's weights, the global seed the same
     for both, its losses and the weights it leaves. The global random state is seeded alike
-    before each call, so the calls differ only by the arguments left out; the call with the
-    defaults given runs twice."""
+    before each call, so the calls differ only by the arguments left out."""
     model, _ = build(module, cfg, weights=weights)
     init = {name: t.clone() for name, t in model.state_dict().items()}
     src, tgt, pad = tensor_of(data["src"]), tensor_of(data["tgt"]), data["pad_id"]
@@ -83,13 +83,12 @@ def omitted_defaults(module, cfg, weights, data, bos, eos, max_len, rates, expli
         return {"losses": [float(x) for x in losses], "weights": parameters_by_name(model)}
 
     def calls(run: Callable[..., Any], left_out: dict, given: dict) -> list[dict[str, Any]]:
-        # left out, given, and given again: a control, so that a function that does not repeat
-        # itself is not taken for one whose defaults differ
-        return [
-            _attempt(lambda: run(**left_out)),
-            _attempt(lambda: run(**given)),
-            _attempt(lambda: run(**given)),
-        ]
+        # the call leaving the defaults out between two giving them: a control, so that a
+        # function that does not repeat itself (a first call unlike the later ones included) is
+        # not taken for one whose defaults differ; returned as [left out, given, given again]
+        given_first = _attempt(lambda: run(**given))
+        omitted = _attempt(lambda: run(**left_out))
+        return [omitted, given_first, _attempt(lambda: run(**given))]
 
     beam = {"beam_size": 2}
     return {
