@@ -58,9 +58,9 @@ def omitted_defaults(module, cfg, weights, data, bos, eos, max_len, rates, expli
     defaulted argument out, between two calls giving `explicit` (the contract's defaults, by
     name).
     noam_rate over `rates`; translate with the parent's weights (beam and penalty left out, then
-    the penalty alone, under beam 2); fit from the parent's weights, the global seed the same
-    for both, its losses and the weights it leaves. The global random state is seeded alike
-    before each call, so the calls differ only by the arguments left out."""
+    the penalty alone, under beam 2); fit from the parent's weights, its losses and the weights
+    it leaves. The global random state is seeded alike before each call, so the calls differ
+    only by the arguments left out."""
     model, _ = build(module, cfg, weights=weights)
     init = {name: t.clone() for name, t in model.state_dict().items()}
     src, tgt, pad = tensor_of(data["src"]), tensor_of(data["tgt"]), data["pad_id"]
