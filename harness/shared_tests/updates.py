@@ -59,6 +59,16 @@ BOUND_DTYPE = "float32"
 # GRAD_GLOBAL of the largest entry of all is the floor of every tensor: a gradient that is 0 by
 # the algebra (the key biases: softmax ignores a shift) is a rounding residue of ~1e-9 there.
 GRAD_REL, GRAD_FLOOR, GRAD_GLOBAL = 1e-2, 1e-3, 1e-5
+# A relu whose input lies within rounding of 0 may go either way in float32, and its side decides
+# whether the gradient flows through that unit at that position: the subject's honest gradient
+# then differs from the oracle's float64 one by the whole flow (measured at draw 4, update 23 of
+# the learning run: encoder.0.linear1's input at one position was 8.7e-9 of its accumulation
+# sum |W||x| + |b| in float64, impl's own float32 forward put it on the other side, and linear1's
+# gradient moved by 0.4% of its largest entry, three times GRAD_FLOOR). Each such kink, an input
+# within KINK_BAND of its accumulation (the float32 forward lies within 3.4e-7 of it there, over
+# both layers' 82k inputs: 300 times that), is a free choice of the check (`_within`): taken or
+# not, or between. More than MAX_KINKS in one update leaves the exact check to the fallback.
+KINK_BAND, MAX_KINKS = 1e-4, 64
 # dL/dlogits of a label-smoothed cross-entropy is w (softmax(z) - (1 - e) onehot(t) - e / V) at
 # every position it counts: DLOGITS_TOL of w per entry (float32 logits move softmax by ~1e-6).
 DLOGITS_TOL = 1e-3
@@ -270,10 +280,16 @@ def check_gradient(
     )
     shared = _groups(weights, grads)
     if dz.shape == z.shape and np.all(np.isfinite(dz)) and _loss_gradient(z, dz, tgt_out):
+        kinks = _kinks(params, enc, dec, src, tgt_in)
         own, _ = backward(params, dz, enc, dec)
         want = _by_key(own, stands, shared, grads)
         if _within(grads, want):
             return "oracle"
+        if 0 < len(kinks) <= MAX_KINKS:
+            rows = (src, tgt_in, tgt_out, dz)
+            flows = [_by_key(_kink_flow(params, k, *rows), stands, shared, grads) for k in kinks]
+            if _within(grads, want, flows):
+                return f"oracle ({len(kinks)} relu kinks free)"
     enc, dec = forward_for_grads(params, src, tgt_in, tgt_out, src != PAD, tgt_in != PAD, 0.1, PAD)[
         3:
     ]
@@ -342,23 +358,88 @@ def _by_key(
     return out
 
 
-def _within(grads: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> bool:
+def _within(
+    grads: dict[str, np.ndarray],
+    want: dict[str, np.ndarray],
+    flows: list[dict[str, np.ndarray]] | None = None,
+) -> bool:
+    """grads is s (want + sum_i c_i flows_i) within GRAD_REL and the floors, for one s > 0 (a
+    clipped gradient) and each c_i in [0, 1] (a relu kink taken, or not: `_kink_flow`)."""
     keys = sorted(grads)
-    got_v = np.concatenate([grads[k].ravel() for k in keys])
-    want_v = np.concatenate([want[k].ravel() for k in keys])
+
+    def flat(d: dict[str, np.ndarray]) -> np.ndarray:
+        return np.concatenate([np.asarray(d[k], dtype=np.float64).ravel() for k in keys])
+
+    got_v, want_v = flat(grads), flat(want)
+    if not np.all(np.isfinite(got_v)):
+        return False
+    if flows:
+        # the least-squares s and s c_i, each c_i then held to [0, 1] and s refitted
+        basis = np.stack([want_v] + [flat(f) for f in flows], axis=1)
+        coef = np.linalg.lstsq(basis, got_v, rcond=None)[0]
+        if not coef[0] > 0:
+            return False
+        c = np.clip(coef[1:] / coef[0], 0.0, 1.0)
+        want_v = want_v + basis[:, 1:] @ c
     denom = float(want_v @ want_v)
-    if not denom or not np.all(np.isfinite(got_v)):
+    if not denom:
         return False
     s = float(got_v @ want_v) / denom  # one positive factor: a clipped gradient
     if not s > 0:
         return False
-    floor = GRAD_GLOBAL * s * float(np.abs(want_v).max())
+    w_v = s * want_v
+    floor = GRAD_GLOBAL * float(np.abs(w_v).max())
+    at = 0
     for k in keys:
-        w = s * want[k]
+        w = w_v[at : at + grads[k].size].reshape(np.shape(grads[k]))
+        at += grads[k].size
         tol = GRAD_REL * np.abs(w) + GRAD_FLOOR * np.abs(w).max(initial=0) + floor
         if not np.all(np.abs(grads[k] - w) <= tol):
             return False
     return True
+
+
+def _kinks(params: Any, enc: Any, dec: Any, src: np.ndarray, tgt_in: np.ndarray) -> list[tuple]:
+    """Every relu input at a real position within KINK_BAND of its accumulation |x| |W1|^T + |b1|
+    (side, layer, row, position, unit), from the forward caches before the backward frees them."""
+    if params.spec.activation != "relu":
+        return []
+    found = []
+    for side, cache, ids in (("encoder", enc, src), ("decoder", dec, tgt_in)):
+        for layer, c in enumerate(cache["layers"]):
+            ff = c["ff"]["sublayer"]
+            w = params.arrays[f"{side}.{layer}.linear1.weight"]
+            b = params.arrays[f"{side}.{layer}.linear1.bias"]
+            scale = np.abs(ff["x"]) @ np.abs(w).T + np.abs(b)
+            near = (np.abs(ff["h1"]) <= KINK_BAND * scale) & (ids != PAD)[..., None]
+            found += [(side, layer, *map(int, i)) for i in np.argwhere(near)]
+    return found
+
+
+def _kink_flow(
+    params: Any,
+    kink: tuple,
+    src: np.ndarray,
+    tgt_in: np.ndarray,
+    tgt_out: np.ndarray,
+    dz: np.ndarray,
+) -> dict[str, np.ndarray]:
+    """How the oracle's gradient of dz changes when one relu kink goes to its other side: the
+    backward pass of the kink's row alone, with the unit's input negated, less without."""
+    side, layer, row, t, unit = kink
+    at = slice(row, row + 1)
+
+    def grads(flip: bool) -> dict[str, np.ndarray]:
+        _, _, _, enc, dec = forward_for_grads(
+            params, src[at], tgt_in[at], tgt_out[at], src[at] != PAD, tgt_in[at] != PAD, 0.1, PAD
+        )
+        if flip:  # relu's backward reads the side of its input
+            h1 = (enc if side == "encoder" else dec)["layers"][layer]["ff"]["sublayer"]["h1"]
+            h1[0, t, unit] = -h1[0, t, unit] if h1[0, t, unit] else np.finfo(np.float64).tiny
+        return backward(params, dz[at], enc, dec)[0]
+
+    flipped, plain = grads(True), grads(False)
+    return {k: flipped[k] - plain[k] for k in plain}
 
 
 def _loss_gradient(z: np.ndarray, dz: np.ndarray, tgt_out: np.ndarray) -> bool:

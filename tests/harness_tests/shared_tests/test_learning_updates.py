@@ -17,7 +17,9 @@ from harness.isolation.child.probes.base import tensor_of
 from harness.isolation.child.probes.training import _Updates
 from harness.shared_tests.inputs import learning_instance, learning_setup, set_draw_secret
 from harness.shared_tests.record import Failure
+from harness.shared_tests.verdicts import untied_params
 from impl import transformer as impl
+from oracle.grads import backward, forward_for_grads
 
 STEPS = 20
 
@@ -105,3 +107,74 @@ def test_fit_must_start_from_the_weights_loaded(run):
     moved = {k: v + (k == sorted(initial)[0]) for k, v in initial.items()}
     with pytest.raises(Failure, match="did not start from the weights loaded"):
         judge(shown, task, setup, moved, checks=0)
+
+
+@pytest.fixture(scope="module")
+def kinked(run):
+    """One training batch and weights with a relu kink planted in it: encoder.0.linear1's bias
+    moved so that one unit's input at one real position is 1e-9 of its accumulation above 0 in
+    float64 (a float32 forward may put it either side); the oracle's gradient of that batch with
+    the unit on the other side (what an honest float32 fit computes when it lands there), and
+    that kink's flow alone. The loss is summed, not averaged: the contract's times the count of
+    real targets."""
+    shown, task, setup, initial = run
+    cfg = setup["config"]
+    replay = updates.Updates(
+        initial, task["data"], cfg, setup["recipe"]["lr"], np.random.default_rng(0)
+    )
+    batch = {k: np.asarray(v) for k, v in shown["records"][0]["batches"][0].items()}
+    rows = [replay.training_rows(batch)]
+    src, tgt_in = batch["src"].astype(np.int64), batch["tgt_in"].astype(np.int64)
+    tgt_out = replay.tgt[rows[0], 1:]
+    weights = {k: v.copy() for k, v in initial.items()}
+    params, _ = untied_params(weights, cfg, "the planted weights")
+    _, _, _, enc, _ = forward_for_grads(params, src, tgt_in, tgt_out, src != 0, tgt_in != 0, 0.1, 0)
+    ff = enc["layers"][0]["ff"]["sublayer"]
+    unit, (row, t) = 5, np.argwhere(src != 0)[3]
+    w, b = weights["encoder.0.linear1.weight"], weights["encoder.0.linear1.bias"]
+    scale = np.abs(ff["x"][row, t]) @ np.abs(w[unit]) + abs(b[unit])
+    b[unit] += 1e-9 * scale - ff["h1"][row, t, unit]
+    params, stands = untied_params(weights, cfg, "the planted weights")
+    _, _, dz, enc, dec = forward_for_grads(
+        params, src, tgt_in, tgt_out, src != 0, tgt_in != 0, 0.1, 0
+    )
+    dz = dz * int((tgt_out != 0).sum())  # a summed loss: the same gradient, scaled
+    kink = ("encoder", 0, int(row), int(t), unit)
+    assert kink in updates._kinks(params, enc, dec, src, tgt_in)
+    # under the subject's names: a tied table's gradient is the sum over its uses
+    zeros = {k: np.zeros_like(v) for k, v in weights.items()}
+    shared = updates._groups(weights, zeros)
+    plain = updates._by_key(backward(params, dz, enc, dec)[0], stands, shared, zeros)
+    flow = updates._by_key(
+        updates._kink_flow(params, kink, src, tgt_in, tgt_out, dz), stands, shared, zeros
+    )
+    record = {"batches": [{**batch, "dlogits": dz}]}
+    return weights, plain, flow, record, rows, replay
+
+
+def test_a_relu_on_the_other_side_of_its_kink_is_the_loss_gradient(kinked):
+    """An honest gradient whose relu input sat within rounding of 0 and went the other way holds
+    the exact check, under any positive scale (here a summed loss, which the fallback's norm
+    limit would refuse): the charge of a fault cannot depend on where a draw puts a kink."""
+    weights, plain, flow, record, rows, replay = kinked
+    grads = {k: plain[k] + flow[k] for k in plain}
+    # the kink moves linear1's gradient by several times the tolerance's floor
+    largest = np.abs(plain["encoder.0.linear1.weight"]).max()
+    assert np.abs(flow["encoder.0.linear1.weight"]).max() > 3 * updates.GRAD_FLOOR * largest
+    assert updates.check_gradient(weights, grads, record, rows, replay).startswith("oracle (")
+    assert updates.check_gradient(weights, plain, record, rows, replay) == "oracle"
+    old = updates.MAX_KINKS
+    updates.MAX_KINKS = 0  # without the kink's freedom, the same gradient is refused
+    try:
+        with pytest.raises(updates.NotTheLossGradient, match="norm 2"):
+            updates.check_gradient(weights, grads, record, rows, replay)
+    finally:
+        updates.MAX_KINKS = old
+
+
+def test_a_kinks_flow_is_free_only_once(kinked):
+    """The freedom is the kink's side, nothing more: its flow taken five times is refused."""
+    weights, plain, flow, record, rows, replay = kinked
+    grads = {k: plain[k] + 5 * flow[k] for k in plain}
+    with pytest.raises(updates.NotTheLossGradient):
+        updates.check_gradient(weights, grads, record, rows, replay)
