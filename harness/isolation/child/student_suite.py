@@ -95,10 +95,32 @@ class Reporter:
         )
 
 
+def constants_from_the_suite_alone() -> bool:
+    """Count every module loaded so far (the interpreter's, torch, this worker, the subject) as
+    one Hypothesis has read its constants from, so that they come from the suite's own modules
+    alone; False if this Hypothesis keeps no such record.
+
+    Hypothesis draws some examples from the literals of every 'local' module, one not under
+    site-packages: it parses their source, at the first collection. In a sandbox the import
+    folders sit at neutral paths, so it parsed all of torch, about a thousand modules, 7-10 s for
+    each subject of a mutation score. And everywhere the subject was one of them: each mutant's
+    literals changed the examples, where every subject must meet the same ones."""
+    try:
+        from hypothesis.internal.conjecture import providers
+    except ImportError:
+        return False
+    seen = getattr(providers, "_seen_modules", None)
+    if not isinstance(seen, set):
+        return False
+    seen.update(id(m) for m in list(sys.modules.values()))
+    return True
+
+
 @probes.probe
 def student_suite(module, tests_dir, module_name, skip) -> dict[str, Any]:
     """Run the suite in `tests_dir` on the subject; each test's result streams as it ends."""
     alias(module, module_name)
+    constants_from_the_suite_alone()
     args = [
         tests_dir,
         "-q",

@@ -1,6 +1,7 @@
 """`xfmr mutation-score` on the example suites: the strong one passes, the weak one fails."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,36 @@ def test_the_strong_suite_beats_the_weak_one_on_the_generated_sample(strong, wea
     assert samples[0] == samples[1] and len(samples[0]) == ms.GENERATED
     k = [d["generated"]["killed"] for _, d, _ in (strong, weak)]
     assert k[0] > k[1], k
+
+
+# A suite whose first test records the floats Hypothesis draws and whose second shows them.
+DRAWN = '''
+from hypothesis import given, strategies as st
+
+SEEN = []
+
+
+@given(st.floats(allow_nan=False))
+def test_draw(x):
+    SEEN.append(x)
+
+
+def test_show():
+    raise AssertionError(repr(SEEN))
+'''
+
+
+def test_every_subject_meets_the_same_examples(tmp_path):
+    """Hypothesis draws some examples from the literals of the code it finds loaded: not from the
+    subject's, so a mutant's literal cannot change what the suite tries on it (and, sandboxed,
+    not from torch's thousand modules, which took 7-10 s per subject to parse)."""
+    (tmp_path / "test_drawn.py").write_text(DRAWN)
+    source = (Path(ms.__file__).parents[2] / "impl" / "transformer.py").read_text()
+    literals = ", ".join(f"{-1.5 - i * 7919.25}" for i in range(400))
+    shown = []
+    for text in (source, f"{source}\nLITERALS = ({literals})\n"):
+        r = ms.run_on(text, tmp_path, ms.MODULE, ms.DEFAULT_LIMITS, 60.0, unsafe=True)
+        assert not r.error, r.error
+        message = r.cells["test_drawn.py::test_show"].message
+        shown.append(re.search(r"AssertionError: (\[.*\])", message).group(1))
+    assert len(shown[0]) > 100 and shown[0] == shown[1]
