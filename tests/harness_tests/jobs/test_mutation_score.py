@@ -231,7 +231,7 @@ def test_the_strong_suite_beats_the_weak_one_on_the_generated_sample(strong, wea
 
 
 # A suite whose first test records the floats Hypothesis draws and whose second shows them.
-DRAWN = '''
+DRAWN = """
 from hypothesis import given, strategies as st
 
 SEEN = []
@@ -244,7 +244,7 @@ def test_draw(x):
 
 def test_show():
     raise AssertionError(repr(SEEN))
-'''
+"""
 
 
 def test_every_subject_meets_the_same_examples(tmp_path):
