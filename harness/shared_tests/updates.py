@@ -286,8 +286,8 @@ def check_gradient(
         if _within(grads, want):
             return "oracle"
         if 0 < len(kinks) <= MAX_KINKS:
-            rows = (src, tgt_in, tgt_out, dz)
-            flows = [_by_key(_kink_flow(params, k, *rows), stands, shared, grads) for k in kinks]
+            batch = (src, tgt_in, tgt_out, dz)
+            flows = [_by_key(_kink_flow(params, k, *batch), stands, shared, grads) for k in kinks]
             if _within(grads, want, flows):
                 return f"oracle ({len(kinks)} relu kinks free)"
     enc, dec = forward_for_grads(params, src, tgt_in, tgt_out, src != PAD, tgt_in != PAD, 0.1, PAD)[
