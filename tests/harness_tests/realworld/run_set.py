@@ -3,6 +3,7 @@
     python tests/harness_tests/realworld/run_set.py                 # bases and every variant
     python tests/harness_tests/realworld/run_set.py fused-loss-sum  # some ids (or base names)
     python tests/harness_tests/realworld/run_set.py --write-observed  # refresh observed_today.json
+    python tests/harness_tests/realworld/run_set.py --write-md results/realworld.md  # the table
     python tests/harness_tests/realworld/run_set.py --write-examples  # refresh the two examples/
     python tests/harness_tests/realworld/run_set.py --dtype bfloat16 --no-variants  # the bases
 
@@ -24,9 +25,11 @@ import argparse
 import copy
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-observed", action="store_true", help="update observed_today.json")
     p.add_argument("--write-examples", action="store_true", help="rewrite the examples/ files")
     p.add_argument("--json", type=Path, help="write every summary and verdict here")
+    p.add_argument("--write-md", type=Path, help="write the table of this run here (markdown)")
     p.add_argument("--dtype", help="grade in this dtype (xfmr grade --dtype)")
     args = p.parse_args(argv)
     extra = ["--dtype", args.dtype] if args.dtype else None
@@ -225,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     chosen = [r for r in records if (not args.ids or r["id"] in args.ids) and not args.no_variants]
     jobs += [(r["id"], variant_source(r), r) for r in chosen]
     results, all_ok = {}, True
+    before = json.loads(OBSERVED.read_text()) if OBSERVED.exists() else {}
+    begun = time.monotonic()
     for name, source, record in jobs:
         summary = summarize(grade_source(source, Path(name).stem, tests, extra))
         if record is None:
@@ -265,7 +271,74 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {OBSERVED.relative_to(ROOT)}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
+    if args.write_md:
+        command = " ".join(
+            ["python tests/harness_tests/realworld/run_set.py", *(argv or sys.argv[1:])]
+        )
+        minutes = (time.monotonic() - begun) / 60
+        args.write_md.write_text(markdown(results, records, before, command, minutes))
+        print(f"wrote {args.write_md}")
     return 0 if all_ok else 1
+
+
+def markdown(
+    results: dict[str, Any],
+    records: list[dict[str, Any]],
+    before: dict[str, Any],
+    command: str,
+    minutes: float,
+) -> str:
+    """The run's table with what it was made by: per submission the score, the score
+    observed_today.json held before the run, the required failures missing, the tests failed
+    that are neither required nor a documented dependent, the dependents that failed, whether
+    the diagnosis said what the record expects, and the grade's seconds."""
+    by_id = {r["id"]: r for r in records}
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    load = os.getloadavg()
+    rows, required = [], 0
+    missing = over = diagnosed = variants = 0
+    for name, res in results.items():
+        s, v = res["summary"], res["verdict"]
+        was = before.get(name)
+        old = f"{was['score']:g}/{was['max_score']:g}" if was else "-"
+        seconds = f"{s['seconds']:.1f}" if s["seconds"] is not None else "-"
+        score = f"{s['score']:g}/{s['max_score']:g}"
+        if name in by_id:
+            variants += 1
+            required += len(by_id[name]["expected"]["failing"])
+            missing += len(v["missing"])
+            over += len(v["over"])
+            ok = not v["diagnosis_missing"] and not v["diagnosis_false"]
+            diagnosed += ok
+            dependents = ", ".join(t.removeprefix("test_") for t in v["dependent"]) or "none"
+            cells = [len(v["missing"]), len(v["over"]), dependents, "yes" if ok else "no"]
+        else:
+            over += len(set(v["over"]) - set(base_failing(name)))
+            cells = ["-", len(set(v["over"]) - set(base_failing(name))), "none", "-"]
+        rows.append(
+            f"| {name} | {score} | {old} | " + " | ".join(map(str, cells)) + f" | {seconds} |"
+        )
+    draw = os.environ.get("XFMR_DRAW_SEED", "a fresh secret")
+    head = [
+        "# The real-world-style set, graded",
+        "",
+        f"Made by `{command}` at commit {commit} on {time.strftime('%Y-%m-%d')}, under draw "
+        f"{draw} (XFMR_DRAW_SEED), in {minutes:.1f} minutes on this 2-core machine (load average "
+        f"{load[0]:.1f} at the end); one grade at a time, each in its own sandbox. "
+        "`tests/harness_tests/shared_tests/test_realworld.py` checks the same verdicts in CI.",
+        "",
+        f"{len(results) - variants} bases and {variants} single-fault variants. Of {required} "
+        f"required failures {required - missing} are present; {over} tests fail that are neither "
+        f"required nor a documented dependent; {diagnosed} of {variants} diagnoses say what the "
+        'record expects. "before" is the score observed_today.json held before this run.',
+        "",
+        "| submission | score | before | required missing | over-charged | dependents failed "
+        "| diagnosis as expected | seconds |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    return "\n".join(head + rows) + "\n"
 
 
 if __name__ == "__main__":
