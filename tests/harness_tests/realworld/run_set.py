@@ -239,7 +239,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             verdict = judge(record, summary, set(tests) if tests else None)
             want = [t for t in record["expected"]["failing"] if not tests or t in tests]
-        all_ok &= verdict["match"]
+        # a fault's charge: no required failure missing, nothing over-charged, the diagnosis
+        # right (a documented dependent may fail too, as test_realworld accepts)
+        if record is None:
+            all_ok &= verdict["match"]
+        else:
+            all_ok &= not any(
+                verdict[k] for k in ("missing", "over", "diagnosis_missing", "diagnosis_false")
+            )
         results[name] = {"summary": summary, "verdict": verdict}
         score = f"{summary['score']:g}/{summary['max_score']:g}"
         took = f"{summary['seconds']:.1f} s" if summary["seconds"] is not None else ""
@@ -332,7 +339,13 @@ def markdown(
         f"{len(results) - variants} bases and {variants} single-fault variants. Of {required} "
         f"required failures {required - missing} are present; {over} tests fail that are neither "
         f"required nor a documented dependent; {diagnosed} of {variants} diagnoses say what the "
-        'record expects. "before" is the score observed_today.json held before this run.',
+        'record expects. "before" is the score observed_today.json held before this run. '
+        + "".join(
+            f"{b} fails {', '.join(base_failing(b))} by the contract (variants.BASE_FAILING), "
+            "counted in none of the columns. "
+            for b in results
+            if b not in by_id and base_failing(b)
+        ),
         "",
         "| submission | score | before | required missing | over-charged | dependents failed "
         "| diagnosis as expected | seconds |",
