@@ -323,15 +323,27 @@ FALLBACK_COS, FALLBACK_NORM = 0.0, 4.0
 def _groups(weights: dict[str, np.ndarray], grads: dict[str, np.ndarray]) -> dict[str, list[str]]:
     """Names whose weights and gradients are the same tensor's (a tied table listed under each of
     its names): the subject's gradient of each is the sum of the oracle's over the group."""
-    out: dict[str, list[str]] = {}
     keys = sorted(weights)
+    # candidates first: equal values have equal float64 bytes once -0.0 is 0.0 (+ 0.0 makes it
+    # so), whatever the dtype; array_equal then decides, as on every pair, in ~1/30 of the time
+    # (every pair cost 0.4 s of the parent's 2 s per learning run)
+    place = {
+        k: (
+            np.shape(weights[k]),
+            hash((np.asarray(weights[k], dtype=np.float64) + 0.0).tobytes()),
+            np.shape(grads[k]),
+        )
+        for k in keys
+    }
+    bucket: dict[tuple, list[str]] = {}
+    for k in keys:
+        bucket.setdefault(place[k], []).append(k)
+    out: dict[str, list[str]] = {}
     for k in keys:
         out[k] = [
             j
-            for j in keys
-            if weights[j].shape == weights[k].shape
-            and np.array_equal(weights[j], weights[k])
-            and np.array_equal(grads[j], grads[k])
+            for j in bucket[place[k]]
+            if np.array_equal(weights[j], weights[k]) and np.array_equal(grads[j], grads[k])
         ]
     return out
 

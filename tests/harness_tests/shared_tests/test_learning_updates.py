@@ -178,3 +178,38 @@ def test_a_kinks_flow_is_free_only_once(kinked):
     grads = {k: plain[k] + 5 * flow[k] for k in plain}
     with pytest.raises(updates.NotTheLossGradient):
         updates.check_gradient(weights, grads, record, rows, replay)
+
+
+def test_groups_are_the_pairs_whose_weights_and_gradients_are_equal():
+    # _groups buckets by a value key before comparing; its groups must be exactly those of
+    # comparing every pair: a tied table under two names, equal values in float32 and float64,
+    # -0.0 beside 0.0 (equal), equal weights with different gradients (apart), a NaN (equal to
+    # nothing, itself included), and a shape apart
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(4, 3))
+    w = {
+        "a": table,
+        "b": table.copy(),
+        "c": table.astype(np.float32).astype(np.float64),
+        "d": table.astype(np.float32),
+        "z0": np.zeros(3),
+        "z1": -np.zeros(3),
+        "n": np.array([np.nan, 1.0, 2.0]),
+        "row": table[:1].copy(),
+    }
+    g = {k: np.ones(np.shape(v)) for k, v in w.items()}
+    g["b"] = g["b"] * 2
+
+    def pairwise(k: str) -> list[str]:
+        return [
+            j
+            for j in sorted(w)
+            if w[j].shape == w[k].shape
+            and np.array_equal(w[j], w[k])
+            and np.array_equal(g[j], g[k])
+        ]
+
+    got = updates._groups(w, g)
+    assert got == {k: pairwise(k) for k in sorted(w)}
+    assert got["a"] == ["a"] and got["c"] == ["c", "d"] and got["z0"] == ["z0", "z1"]
+    assert got["n"] == []
