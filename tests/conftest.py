@@ -64,3 +64,12 @@ def private_runtime_dir(tmp_path_factory):
         del os.environ["XFMR_RUNTIME_DIR"]
     else:
         os.environ["XFMR_RUNTIME_DIR"] = before
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files that hold slow tests first, each file's tests in their order. .ci/run hands a
+    file to each of its xdist workers in this order (--no-loadscope-reorder): the long files
+    (the real-world grades, the mutation scores, the matrix) start at once and the many short
+    ones fill in after them, so that no worker is left with a long file at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)
