@@ -46,14 +46,32 @@ from harness.subjects import Kind, Subject
 APART = ("test_learns_reversed_addition",)
 
 
+# The cores one grade may take, where graders share a machine (several grading processes, or
+# pytest-xdist's workers: tests/conftest.py sets it to each worker's share); default: the
+# machine's. With one, a grade runs its tests in one worker: a second worker's start-up is
+# ~1.7 s of CPU per grade (examples/correct_submission.py, 4 runs each way) that a busy machine
+# pays for nothing. The cells are the same either way.
+GRADER_CPUS = "XFMR_GRADER_CPUS"
+
+
+def grader_cpus() -> int:
+    """The cores one grade may take: $XFMR_GRADER_CPUS (a positive integer), else the CPU count."""
+    given = os.environ.get(GRADER_CPUS, "").strip()
+    if not given:
+        return os.cpu_count() or 1
+    if not given.isdigit() or int(given) < 1:
+        raise ValueError(f"{GRADER_CPUS} must be a positive integer of cores, got {given!r}")
+    return int(given)
+
+
 def tests_apart(one_user: bool = False, cpus: int | None = None) -> tuple[str, ...]:
-    """The tests a grade runs in a worker of their own: APART where a second core is free, none
-    where every worker runs as one user (the container tier: ending a worker ends every process
-    of that user, harness.isolation.container, so a second worker would be killed when the
-    first is closed)."""
+    """The tests a grade runs in a worker of their own: APART where a second core is free
+    (`cpus`, default grader_cpus()), none where every worker runs as one user (the container
+    tier: ending a worker ends every process of that user, harness.isolation.container, so a
+    second worker would be killed when the first is closed)."""
     if one_user:
         return ()
-    return APART if (cpus if cpus is not None else os.cpu_count() or 1) > 1 else ()
+    return APART if (cpus if cpus is not None else grader_cpus()) > 1 else ()
 
 
 # What each outcome means to a student, before the engine's own message.

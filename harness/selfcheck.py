@@ -260,6 +260,10 @@ def run_check(args: argparse.Namespace) -> int:
     for report in (args.json, args.suite_json):
         if report and (problem := report_path_problem(report)):
             return usage_error("check", f"cannot write a report: {problem}")
+    try:
+        grading.grader_cpus()
+    except ValueError as e:
+        return usage_error("check", str(e))
     tests = _selected(args.tests)
     if isinstance(tests, str):
         return usage_error("check", tests)

@@ -11,6 +11,13 @@ import torch
 # and on a loaded 2-core machine it made whole test files 4-10x slower (measured).
 torch.set_num_threads(1)
 
+# Under pytest-xdist every worker grades beside the others: a grade may take its worker's share
+# of the cores (harness.grading.grader_cpus), one on CI's 2 cores and 2 workers, where a second
+# worker per grade only cost CPU (the apart path keeps its own tests: test_engine_exec, test_grade).
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _share = (os.cpu_count() or 1) // max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ.setdefault("XFMR_GRADER_CPUS", str(max(1, _share)))
+
 
 # Stryker's official report schema, as published on npm (mutation-testing-report-schema); .ci/run
 # fetches it with `npm pack` into .schemas/ (ignored by git). Tests validate every Stryker report

@@ -22,7 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.engine import executors, work
-from harness.grading import Grading, not_judged, result_line, sandboxed, tests_apart
+from harness.grading import (
+    Grading,
+    grader_cpus,
+    not_judged,
+    result_line,
+    sandboxed,
+    tests_apart,
+)
 from harness.isolation import tiers
 from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput
 from harness.options import (
@@ -139,6 +146,10 @@ def configure_grade(parser: argparse.ArgumentParser) -> None:
 
 def run_grade(args: argparse.Namespace) -> int:
     apply_dtype(args)
+    try:
+        grader_cpus()
+    except ValueError as e:
+        return usage_error("grade", str(e))
     reports = [p for p in (args.json, args.junit, args.gradescope) if p]
     for path in reports:
         if problem := report_path_problem(path):

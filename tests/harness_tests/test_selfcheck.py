@@ -121,9 +121,12 @@ def _untimed(text: str) -> list[str]:
 
 @pytest.mark.slow
 def test_check_suite_is_mutation_scores_report(tmp_path):
-    # the weak example suite: only s08 dies (README: its mutation score, 1/11, FAIL)
+    # the weak example suite: only s08 dies (README: its mutation score, 1/11, FAIL); two of the
+    # generated sample, as the incremental run takes (the whole sample's score of this suite is
+    # test_mutation_score's, and ten more subjects cost ~20 s of CI here for nothing new)
     report = tmp_path / "score.json"
     args = ["-m", "harness.cli", "check", "--suite", "examples/student_tests_weak"]
+    args += ["--generated", "2"]
     done = run([*args, "--suite-json", str(report)], without_bwrap())
     assert done.returncode == 1, done.stdout + done.stderr
     lines = done.stdout.splitlines()
@@ -132,6 +135,7 @@ def test_check_suite_is_mutation_scores_report(tmp_path):
     assert "FAIL" in done.stdout and "Score: 1/11" in done.stdout
     data = json.loads(report.read_text())
     assert data["killed"] == ["s08"] and not data["passed"] and not data["false_alarms"]
+    assert data["generated"]["drawn"] == 2
 
 
 def junit_cases(path: Path) -> dict[str, ET.Element]:

@@ -37,13 +37,16 @@ def running(pid: int) -> bool:
 
 
 @pytest.fixture
-def folder(tmp_path):
-    """A runtime folder of this test's own, whose server is stopped afterwards."""
-    path = tmp_path / "run"
-    path.mkdir(mode=0o700)
+def folder():
+    """A runtime folder of this test's own, whose server is stopped afterwards. Short, in /tmp
+    itself: under pytest-xdist, tmp_path (/tmp/pytest-of-root/pytest-10/popen-gw1/ and 30
+    characters of the test's name) left the socket's path over AF_UNIX's 108 bytes once pytest's
+    run counter reached two digits."""
+    path = Path(tempfile.mkdtemp(prefix="xw-", dir="/tmp"))  # mode 0o700
     yield path
     path.chmod(0o700)  # as a test may have opened it
     warm.stop(ENV, path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def quick_cells() -> dict:

@@ -1,6 +1,7 @@
 """`xfmr grade` on correct and faulty submissions: points, reports, diagnosis, static checks."""
 
 import json
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -351,6 +352,27 @@ def test_the_learning_test_runs_apart_except_in_the_container_tier():
     assert grading.tests_apart(cpus=2) == grading.APART == ("test_learns_reversed_addition",)
     assert grading.tests_apart(cpus=1) == ()
     assert grading.tests_apart(one_user=True, cpus=16) == ()
+
+
+def test_a_grade_takes_the_cores_it_is_given(monkeypatch, capsys):
+    monkeypatch.setenv(grading.GRADER_CPUS, "1")  # graders sharing a machine: one core each
+    assert grading.grader_cpus() == 1 and grading.tests_apart() == ()
+    monkeypatch.setenv(grading.GRADER_CPUS, " 4 ")
+    assert grading.grader_cpus() == 4 and grading.tests_apart() == grading.APART
+    monkeypatch.delenv(grading.GRADER_CPUS)
+    assert grading.grader_cpus() == (os.cpu_count() or 1)
+    for bad in ("0", "-2", "two", "1.5"):
+        monkeypatch.setenv(grading.GRADER_CPUS, bad)
+        with pytest.raises(ValueError, match="XFMR_GRADER_CPUS must be a positive integer"):
+            grading.tests_apart()
+    # grade and check say so before anything runs
+    assert main(["grade", "examples/correct_submission.py"]) == 2
+    assert main(["check", "examples/correct_submission.py"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [
+        f"xfmr {c}: XFMR_GRADER_CPUS must be a positive integer of cores, got '1.5'"
+        for c in ("grade", "check")
+    ]
 
 
 def test_two_submissions_of_one_stem_get_a_report_each(tmp_path, capsys):
