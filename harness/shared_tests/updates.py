@@ -138,6 +138,7 @@ class Updates:
         self.step = 0
         self.shown: Any = None
         self.checked: list[str] = []  # how each spot-checked gradient held ("oracle" / "close")
+        self.largest = 0.0  # the largest norm of the oracle's gradient the fallback has met
 
     # --- rows --------------------------------------------------------------------------------
     def training_rows(self, batch: dict[str, Any]) -> np.ndarray:
@@ -264,7 +265,8 @@ def check_gradient(
     loss, or one that also counts pad targets). A model whose training-mode forward pass is not
     the oracle's cannot hold it (dropout left on: c01; the golden and dropout tests charge it):
     its gradient must then be close ("close": a descent direction of the oracle's gradient of
-    the contract's loss, its norm at most FALLBACK_NORM times it)."""
+    the contract's loss, its norm at most FALLBACK_NORM times the largest of that gradient's
+    among the run's checks, `run.largest`)."""
     cfg = run.cfg
     # names under a wrapper module ('transformer.encoder.0...') read as the oracle's, as the
     # weights are read (a wrapper is the names test's charge, never the learning test's)
@@ -300,23 +302,28 @@ def check_gradient(
     want_v = np.concatenate([want[k].ravel() for k in keys])
     norm_g, norm_w = float(np.linalg.norm(got_v)), float(np.linalg.norm(want_v))
     cos = float(got_v @ want_v) / (norm_g * norm_w) if norm_g and norm_w else 0.0
-    if cos > FALLBACK_COS and norm_g <= FALLBACK_NORM * norm_w:
-        return f"close (cosine {cos:.3f}, norm {norm_g / norm_w:.3f})"
+    run.largest = reference = max(run.largest, norm_w)  # this one's at the run's first check
+    if cos > FALLBACK_COS and norm_g <= FALLBACK_NORM * reference:
+        return f"close (cosine {cos:.3f}, norm {norm_g / reference:.3f} of the largest)"
     raise NotTheLossGradient(
         f"update {run.step} (checked at random) read gradients that are not the loss's on its "
         f"rows at its weights: neither the oracle's backward pass of its own dL/dlogits nor "
-        f"near the oracle's gradient (cosine {cos:.3f}, norm {norm_g / max(norm_w, 1e-300):.3g} "
-        f"times; above {FALLBACK_COS} and at most {FALLBACK_NORM} needed): fit's weights must "
-        "come from the gradients of its data"
+        f"near the oracle's gradient (cosine {cos:.3f}, norm {norm_g / max(reference, 1e-300):.3g} "
+        f"times the largest of the run's checks so far; above {FALLBACK_COS} and at most "
+        f"{FALLBACK_NORM} needed): fit's weights must come from the gradients of its data"
     )
 
 
 # The weaker check, for a model whose training-mode forward pass is not the oracle's (the only
-# one met: attention dropout at a fixed rate of 0.1 with the config's 0, c01; its gradients'
-# cosine with the oracle's fell from 0.99 to 0.31 and their norm ranged over 0.57-2.08 times the
-# oracle's over 300 updates, all checked, as the loss and so the true gradient shrank): the
-# gradient must be a descent direction of the oracle's loss on the rows (a positive cosine) and
-# at most FALLBACK_NORM times its norm (no spike that fills Adam's moments).
+# one met: attention dropout at a fixed rate of 0.1 with the config's 0, c01): the gradient must
+# be a descent direction of the oracle's loss on the rows (a positive cosine) and its norm at
+# most FALLBACK_NORM times the largest norm of the oracle's gradient among the run's checks so
+# far, this one's included (no spike that fills Adam's moments; a loss scaled by more than
+# FALLBACK_NORM fails at the run's first check, where the two are one). Not this update's own
+# norm: as the loss falls, the true gradient shrinks and dropout's noise does not. With every
+# update checked, c01's norm reached 4.98 times its own update's (2 to 5 at 40 draws, over 4 at
+# 3 of them; CI met 5.88 at update 218 of a random draw) and 0.93-1.14 times the largest so far
+# (28 draws); its cosine fell as low as 0.056 (draw 29).
 FALLBACK_COS, FALLBACK_NORM = 0.0, 4.0
 
 

@@ -180,6 +180,29 @@ def test_a_kinks_flow_is_free_only_once(kinked):
         updates.check_gradient(weights, grads, record, rows, replay)
 
 
+def test_the_fallbacks_norm_limit_is_the_largest_true_gradient_met(kinked):
+    """Late in a run the true gradient is small and a dropout model's is not (c01 met 5.88 times
+    its update's own): the fallback's norm limit is FALLBACK_NORM times the largest true gradient
+    among the run's checks, which at a run's first check is its own."""
+    weights, plain, flow, record, rows, replay = kinked
+    grads = {k: plain[k] + flow[k] for k in plain}  # a summed loss: ~270 times the contract's
+    old, before = updates.MAX_KINKS, replay.largest
+    updates.MAX_KINKS = 0  # the kink's side not free: the fallback decides
+    try:
+        replay.largest = 0.0  # the run's first check
+        with pytest.raises(updates.NotTheLossGradient, match="norm 2.. times the largest"):
+            updates.check_gradient(weights, grads, record, rows, replay)
+        own = replay.largest  # the oracle's gradient's norm at this update
+        ratio = np.sqrt(sum(float((g**2).sum()) for g in grads.values())) / own
+        replay.largest = ratio / updates.FALLBACK_NORM * own * 1.01  # an earlier, larger one
+        assert updates.check_gradient(weights, grads, record, rows, replay).startswith("close")
+        replay.largest = ratio / updates.FALLBACK_NORM * own * 0.99
+        with pytest.raises(updates.NotTheLossGradient, match="at most 4.0 needed"):
+            updates.check_gradient(weights, grads, record, rows, replay)
+    finally:
+        updates.MAX_KINKS, replay.largest = old, before
+
+
 def test_groups_are_the_pairs_whose_weights_and_gradients_are_equal():
     # _groups buckets by a value key before comparing; its groups must be exactly those of
     # comparing every pair: a tied table under two names, equal values in float32 and float64,
