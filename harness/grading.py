@@ -19,6 +19,7 @@ from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from harness import canary
 from harness.engine.run import Launch, SubjectWorker, run_subject_apart, unjudgeable
 from harness.isolation import container, tiers
 from harness.isolation.sandbox import Limits, UnsafeInput, staged
@@ -254,8 +255,13 @@ class Grading:
         mode: str,
         workers: Workers,
         time_limit: float | None = None,
+        proof: str | None = "",
     ) -> None:
         self.begun = time.monotonic()
+        # the environment the workers are proven in before a verdict (harness.canary): its
+        # tier and limits as the front end says them ("": the mode alone), None: not proven
+        # (the proof's own grade)
+        self.proof = None if proof is None else proof or mode
         self.shown = Path(path)
         self.path = submitted(self.shown)
         self.folder = folder_of(self.shown, self.path)
@@ -306,6 +312,8 @@ class Grading:
         """Every test; the whole grade."""
         if self.rejected:  # nothing of it ran: an error of every test, not a failed law
             return self._failing(self.rejected, self.rejected)
+        if unproven := self._prove():  # the grader's environment, never the student's fault
+            return self._failing(unproven, error=unproven)
         try:
             with self.workers(self.path, self.folder) as placement:
                 self._placement = placement
@@ -332,6 +340,8 @@ class Grading:
         failed answer); the diagnosis runs at the first value test that failed on a wrong
         value and is said under it, pointed to from the later ones."""
         reason = self.rejected or self._broken
+        if not reason and not self.results:
+            reason = self._broken = self._prove()
         if not reason:
             try:
                 cell = self._cell(test)
@@ -353,6 +363,21 @@ class Grading:
                 self._told = test.name
         self.results[test.name] = result
         return result
+
+    def _prove(self) -> str:
+        """ "" once a correct model has passed through these workers in this environment
+        (harness.canary); else the grader error every test of this grade is."""
+        if self.proof is None:
+            return ""
+        from harness.shared_tests.laws import BY_NAME
+
+        proof = [BY_NAME[name] for name in canary.CANARY_TESTS]
+
+        def run(path: Path) -> Grade:
+            with Grading(path, proof, self.mode, self.workers, proof=None) as g:
+                return g.grade()
+
+        return canary.prove(self.proof, run)
 
     def _cell(self, test: Test) -> Cell:
         if self._runner is None:

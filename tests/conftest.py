@@ -2,6 +2,7 @@
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,10 @@ torch.set_num_threads(1)
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     _share = (os.cpu_count() or 1) // max(1, int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ.setdefault("XFMR_GRADER_CPUS", str(max(1, _share)))
+
+# The grader proves its workers on a correct model once per environment and keeps the pass
+# (harness.canary): in a folder of this test process's, never a user's cache of another state.
+os.environ.setdefault("XFMR_CANARY_CACHE", tempfile.mkdtemp(prefix="xfmr-canary-tests-"))
 
 
 # Stryker's official report schema, as published on npm (mutation-testing-report-schema); .ci/run

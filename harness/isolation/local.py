@@ -36,23 +36,29 @@ ENTRY = "harness.isolation.child.local"
 WINDOWS = os.name == "nt"
 
 
-def rlimits(memory_mb: int = 2048, file_mb: int = 64) -> dict[str, list[int]]:
-    """The sandbox's limits that mean the same on a laptop: the address space (Linux only:
-    macOS does not enforce it), the largest file, no core files. Not RLIMIT_NPROC: outside a
-    user namespace it counts every process of the user, the browser's too."""
+# The address space a worker may map beyond its own once torch is imported, as in the sandbox
+# (harness.isolation.sandbox.Limits.memory_mb, which says why).
+HEADROOM_MB = 1536
+
+
+def rlimits(file_mb: int = 64) -> dict[str, list[int]]:
+    """The sandbox's fixed limits that mean the same on a laptop: the largest file, no core
+    files. Not RLIMIT_NPROC: outside a user namespace it counts every process of the user, the
+    browser's too."""
     if WINDOWS:
         return {}
     mb = 1 << 20
-    limits = {"RLIMIT_FSIZE": [file_mb * mb] * 2, "RLIMIT_CORE": [0, 0]}
+    return {"RLIMIT_FSIZE": [file_mb * mb] * 2, "RLIMIT_CORE": [0, 0]}
+
+
+def confinement(folder: Path, memory_mb: int = HEADROOM_MB) -> dict[str, Any]:
+    """The worker's own confinement request (harness.isolation.child.confine): limits (the
+    address space relative to what the worker has mapped, Linux only: macOS does not enforce
+    it), the private folder as its working directory, the grader's packages refused."""
+    spec: dict[str, Any] = {"rlimits": rlimits(), "dir": str(folder)}
     if sys.platform.startswith("linux"):
-        limits["RLIMIT_AS"] = [memory_mb * mb] * 2
-    return limits
-
-
-def confinement(folder: Path, memory_mb: int = 2048) -> dict[str, Any]:
-    """The worker's own confinement request (harness.isolation.child.confine): limits, the
-    private folder as its working directory, the grader's packages refused."""
-    return {"rlimits": rlimits(memory_mb), "dir": str(folder), "protected": list(PROJECT_PACKAGES)}
+        spec["address_space_headroom_mb"] = memory_mb
+    return spec | {"protected": list(PROJECT_PACKAGES)}
 
 
 def environment(paths: tuple[str, ...] = ()) -> dict[str, str]:

@@ -86,14 +86,24 @@ class SandboxUnavailable(RuntimeError):
     """The sandbox cannot be set up on this machine; nothing untrusted may run."""
 
 
+# torch's own resident pages in a worker once it is imported, which the cgroup's default bound
+# allows for beside what the limits let a subject fill (measured RSS after `import torch`:
+# 219 MiB for 2.13.0+cpu, 505 MiB for 2.14.1+cu130).
+RESIDENT_BASE_MB = 512
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one worker may use. Wall time is per test and lives on the tests."""
 
-    # A worker peaks at ~0.7 GiB of address space over the whole shared suite, learning run
-    # included (measured: VmPeak 681 MB); 2 GiB leaves room and stops a memory bomb after
-    # touching at most ~1.3 GiB, seconds of page faults even on a loaded machine.
-    memory_mb: int = 2048
+    # The address space a worker may map beyond what it has mapped once torch, the probes and
+    # the worker's own modules are imported (harness.isolation.child.confine sets RLIMIT_AS to
+    # that plus this): torch's own mappings differ by build (0.6 GiB for 2.13.0+cpu, 3.1 GiB
+    # for 2.14.1+cu130, the build a plain `pip install torch` gives on Linux, no GPU needed) and
+    # are not the subject's. A whole grade of examples/correct_submission.py adds ~60 MiB
+    # (VmPeak 681 MB over an import-time 625 MB, CPU build); 1.5 GiB leaves room and stops a
+    # memory bomb after touching at most 1.5 GiB, seconds of page faults on a loaded machine.
+    memory_mb: int = 1536
     # Largest file the worker may write (save_transformer of a tiny model is kilobytes).
     file_mb: int = 64
     # The private /tmp: a tmpfs is memory, which RLIMIT_AS does not count.
@@ -104,7 +114,8 @@ class Limits:
     processes: int = 256
     # Memory of every kind the worker's cgroup may hold (harness.isolation.cgroups): resident
     # pages, tmpfs (/tmp, /dev/shm), memfd and SysV shared memory, page cache it reads in.
-    # 0: memory_mb + tmp_mb + shm_mb, what the other limits already let a worker fill: the
+    # 0: memory_mb + tmp_mb + shm_mb + RESIDENT_BASE_MB, what the other limits already let a
+    # worker fill on top of torch's own resident pages: the
     # cgroup adds no bound on what they count (an address-space bomb still ends in a clean
     # MemoryError: measured, a 1 GiB cgroup turned hostile_memory's into page-cache thrashing
     # and a timeout) and closes the kinds none of them counts. A worker grading
@@ -115,16 +126,17 @@ class Limits:
 
     def __post_init__(self) -> None:
         if self.ram_mb == 0:
-            object.__setattr__(self, "ram_mb", self.memory_mb + self.tmp_mb + self.shm_mb)
+            filled = self.memory_mb + self.tmp_mb + self.shm_mb + RESIDENT_BASE_MB
+            object.__setattr__(self, "ram_mb", filled)
         for name in ("memory_mb", "file_mb", "tmp_mb", "processes", "ram_mb", "shm_mb"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
     def rlimits(self) -> dict[str, tuple[int, int]]:
-        """The limits as setrlimit arguments (soft = hard: the subject cannot raise them)."""
+        """The fixed limits as setrlimit arguments (soft = hard: the subject cannot raise them);
+        the address space is set relative to the worker's own mappings (confine())."""
         mb = 1 << 20
         return {
-            "RLIMIT_AS": (self.memory_mb * mb, self.memory_mb * mb),
             "RLIMIT_FSIZE": (self.file_mb * mb, self.file_mb * mb),
             "RLIMIT_NPROC": (self.processes, self.processes),
             "RLIMIT_CORE": (0, 0),  # a segfault leaves no core file behind
@@ -134,6 +146,7 @@ class Limits:
         """The worker's own confinement request (harness.isolation.child.confine)."""
         return {
             "rlimits": {k: list(v) for k, v in self.rlimits().items()},
+            "address_space_headroom_mb": self.memory_mb,
             "dir": "/tmp",
             "protected": list(PROJECT_PACKAGES),
         }

@@ -52,16 +52,21 @@ def text(g: Grade) -> str:
             f"  {mark:<8} {t.name:<{width}}  {t.score:g}/{t.max_score:g}  {t.seconds:6.2f} s"
         )
     failures = [t for t in g.tests if not t.passed and not g.rejected]
-    if failures:
+    if failures and g.error and len({t.message for t in failures}) == 1:
+        # the grader's own failure, the same for every test: said once
+        lines += ["", "Why (every test):"]
+        lines += [f"  {line}" for line in failures[0].message.splitlines()[:8]]
+    elif failures:
         lines += ["", "Why:"]
         for t in failures:
             lines.append(f"  {t.name} ({t.law})")
             lines += [f"    {line}" for line in t.message.splitlines()[:8]]
-    lines += [
-        "",
-        f"Score: {g.score:g}/{g.max_score:g} ({sum(t.passed for t in g.tests)}/{len(g.tests)} "
-        f"tests passed) in {g.seconds:.1f} s",
-    ]
+    passed = f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
+    if g.error:  # nothing the grader could not judge is charged
+        score = f"Score: none: a grader error, nothing was charged ({passed}) in {g.seconds:.1f} s"
+    else:
+        score = f"Score: {g.score:g}/{g.max_score:g} ({passed}) in {g.seconds:.1f} s"
+    lines += ["", score]
     if g.start_seconds:
         each = ", ".join(f"{x:.1f}" for x in g.start_seconds)
         lines.append(f"Worker start-up (process, interpreter, torch, the submission): {each} s")

@@ -168,7 +168,9 @@ def test_a_sweep_that_cannot_finish_says_so_and_never_raises(monkeypatch):
     )
 
 
-def test_a_failed_final_sweep_is_said_in_every_report_and_the_grade_stands(tmp_path, monkeypatch):
+def test_a_failed_final_sweep_is_said_in_every_report_and_the_grade_stands(
+    tmp_path, monkeypatch, proven
+):
     """grade()'s final sweep in the container tier (the workers here are stand-ins): its failure
     joins the grade's isolation text (text, JSON, Gradescope), never an exception, and the
     verdicts already judged stand."""
