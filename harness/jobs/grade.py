@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import tempfile
 import threading
@@ -32,6 +33,8 @@ from harness.grading import (
 )
 from harness.isolation import tiers
 from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput
+from harness.isolation.worker import printable
+from harness.jobs import class_folder
 from harness.options import (
     SANDBOX,
     UNSAFE,
@@ -45,7 +48,7 @@ from harness.options import (
 from harness.outcomes import Outcome
 from harness.records import Cell, Grade
 from harness.reports import grades as tables
-from harness.reports.class_report import html_report
+from harness.reports.class_report import About, html_report, student_page
 from harness.reports.grade import junit, text, to_json
 from harness.reports.gradescope import gradescope, refusal
 from harness.reports.safe import to_csv
@@ -197,15 +200,10 @@ def run_grade(args: argparse.Namespace) -> int:
 
 
 def submissions(folder: Path) -> list[Path]:
-    """The .py files and folders directly in `folder`, by name (a folder is a package, or a
-    student's folder holding transformer.py: grade() tells, and rejects one that is neither)."""
-    found = [
-        p
-        for p in folder.iterdir()
-        if not p.name.startswith((".", "__"))
-        and ((p.suffix == ".py" and p.is_file()) or p.is_dir())
-    ]
-    return sorted(found, key=lambda p: p.name)
+    """The entries of `folder` that are submissions, by name: .py files and folders that are
+    not empty, hidden or links (class_folder.entries; grade() tells a package from a student's
+    folder holding transformer.py, and rejects one that is neither, with the reason)."""
+    return [e.path for e in class_folder.entries(folder) if e.submission]
 
 
 class Bar:
@@ -236,15 +234,17 @@ def grade_batch(
     bar: Bar | None = None,
     unsafe: bool = False,
     executor: work.Executor | None = None,
+    paths: Sequence[Path] | None = None,
 ) -> list[Grade]:
-    """Every submission in `folder`, each a unit of `executor` (default: `jobs` at a time here);
-    one that breaks the grader's own code (it should not) becomes a grade with that reason, never
-    the end of the batch."""
-    paths = submissions(folder)
+    """Every submission in `folder` (or `paths`, its submissions as listed once), each a unit
+    of `executor` (default: `jobs` at a time here), their grades in that order; one that breaks
+    the grader's own code (it should not) becomes a grade with that reason, never the end of
+    the batch."""
+    paths = list(submissions(folder) if paths is None else paths)
 
     def done(i: int, g: Grade) -> None:
         if bar is not None:
-            bar.step(f"{paths[i].name}: {g.score:g}/{g.max_score:g}")
+            bar.step(f"{printable(paths[i].name)}: {g.score:g}/{g.max_score:g}")
 
     units = [_grade_unit(p, tests, limits, time_limit, unsafe) for p in paths]
     return (executor or work.LocalExecutor(jobs)).run(units, done)
@@ -322,13 +322,21 @@ def _relocated(value: Any, here: str, there: str) -> Any:
 
 
 def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("folder", help="a folder of submissions (.py files or packages)")
+    parser.epilog = (
+        "every entry directly in the folder is graded, rejected with its reason, or listed as "
+        "not a submission with its reason (a PDF, an archive, an empty folder, a link, a hidden "
+        "file); exit status: 0 every submission passed every test; 1 some failed or was "
+        "rejected; 2 nothing was graded (no submission, bad options, an unwritable report "
+        "path, no isolation) or a report was not written; 3 the grader failed on a submission"
+    )
+    parser.add_argument("folder", help="a folder of submissions (.py files or folders)")
     parser.add_argument(
         "--out",
         metavar="DIR",
         default="grades",
-        help="where reports go: grades.csv, hardest_tests.csv, report.html (a class report) and "
-        "one Gradescope JSON each",
+        help="where reports go: grades.csv (a row per entry), hardest_tests.csv, report.html "
+        "(a class report), and per submission NAME.gradescope.json and NAME.student.html (NAME: "
+        "the entry's name percent-encoded, lower-case ASCII)",
     )
     parser.add_argument("--jobs", type=positive(int), default=os.cpu_count() or 1, help="at once")
     _add_gradescope(parser)
@@ -337,35 +345,58 @@ def configure_grade_batch(parser: argparse.ArgumentParser) -> None:
     work.add_scheduler(parser)
 
 
+RESULTS, PAGE = ".gradescope.json", ".student.html"  # after each submission's output stem
+CLASS_FILES = ("grades.csv", "hardest_tests.csv", "report.html")
+
+
 def gradescope_names(paths: list[Path]) -> dict[str, str]:
-    """The file grade-batch writes each submission's results.json to, in --out: NAME.gradescope
-    .json by its stem, or by its whole name where two submissions share a stem (a.py and a
-    folder a/: a.py.gradescope.json and a.gradescope.json), so that none overwrites another."""
-    stems = [p.stem for p in paths]
-    return {
-        str(p): f"{p.stem if stems.count(p.stem) == 1 else p.name}.gradescope.json" for p in paths
-    }
+    """The file grade-batch writes each submission's results.json to, in --out: its output
+    stem (class_folder.output_stem: the name percent-encoded, unique by construction) and
+    .gradescope.json; `paths` are a folder's entries, in order."""
+    stems = class_folder.output_stems([p.name for p in paths])
+    return {str(p): stem + RESULTS for p, stem in zip(paths, stems, strict=True)}
+
+
+def _command(args: argparse.Namespace) -> str:
+    """The command line that gives this batch again, every option said."""
+    words = ["xfmr", "grade-batch", args.folder]
+    for key, value in vars(args).items():
+        if key == "folder" or value is None or value is False:
+            continue
+        words += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
+    return printable(shlex.join(words))
 
 
 def run_grade_batch(args: argparse.Namespace) -> int:
     apply_dtype(args)
     folder = Path(args.folder)
-    paths = submissions(folder) if folder.is_dir() else []
+    found = class_folder.entries(folder) if folder.is_dir() else []
+    paths = [e.path for e in found if e.submission]
     if not paths:
+        for entry in found:
+            print(f"not a submission: {printable(entry.name)}: {entry.reason}", file=sys.stderr)
         return usage_error("grade-batch", f"no submissions in {folder}")
     out = Path(args.out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         return usage_error("grade-batch", f"cannot create {out}: {e.strerror or e}")
-    reports = gradescope_names(paths)
-    names = ["grades.csv", "hardest_tests.csv", "report.html", *reports.values()]
-    for name in names:
+    names = [entry.name for entry in found]
+    stems = dict(zip(found, class_folder.output_stems(names), strict=True))
+    outputs = [stems[x] + end for x in found if x.submission for end in (RESULTS, PAGE)]
+    for name in [*CLASS_FILES, *outputs]:
         if problem := report_path_problem(out / name):
             return usage_error("grade-batch", f"cannot write a report: {problem}")
     if problem := isolation_problem(args):
         return usage_error("grade-batch", problem)
     limits = Limits(memory_mb=args.memory_mb)
+    others = len(found) - len(paths)
+    none = "a submission" if others == 1 else "submissions"
+    print(
+        f"{len(found)} entries in {printable(str(folder))}: {len(paths)} to grade, {others} not "
+        f"{none} (listed at the end)",
+        file=sys.stderr,
+    )
     try:
         executor = executors.executor(args.scheduler, args.jobs)
         try:
@@ -378,35 +409,51 @@ def run_grade_batch(args: argparse.Namespace) -> int:
                 Bar(len(paths)),
                 args.unsafe_no_sandbox,
                 executor,
+                paths,
             )
         finally:
             executor.close()
     except work.ClusterProblem as e:
         return usage_error("grade-batch", str(e))
 
-    # every worker is gone: only now does anything get written
-    def report(g: Grade) -> Path:  # a submission that appeared meanwhile: by its whole name
-        return out / reports.get(g.submission, f"{Path(g.submission).name}.gradescope.json")
-
-    graded = [tables.Graded.of(g, str(report(g))) for g in grades]
-    table, worst = tables.batch_table(graded), tables.hardest(graded)  # CSVs: reports.safe
+    # every worker is gone: only now does anything get written. One row per entry, in the
+    # folder's order; each grade is its submission's (the executor keeps the order).
+    by_path = dict(zip(paths, grades, strict=True))
+    rows: list[tables.Graded] = []
+    for entry in found:
+        if not entry.submission:
+            rows.append(tables.Graded.not_graded(entry.name, entry.reason))
+            continue
+        report, page = out / (stems[entry] + RESULTS), out / (stems[entry] + PAGE)
+        rows.append(tables.Graded.of(by_path[entry.path], str(report), str(page)))
+    table, worst = tables.batch_table(rows), tables.hardest(rows)  # CSVs: reports.safe
+    about = About.now(printable(str(folder)), _command(args))
+    index = out / "report.html"
 
     def scope(g: Grade) -> Callable[[], dict[str, Any]]:
         return lambda: gradescope(g, args.visibility, args.stdout_visibility)
+
+    def own_page(r: tables.Graded) -> Callable[[], str]:
+        return lambda: student_page(r, out, index, about)
 
     written = write_all(
         "grade-batch",
         [
             (out / "grades.csv", lambda: to_csv(table)),
             (out / "hardest_tests.csv", lambda: to_csv(worst)),
-            (out / "report.html", lambda: html_report(graded, out)),
-            *[(report(g), scope(g)) for g in grades],
+            (index, lambda: html_report(rows, out, about)),
+            *[
+                (Path(r.report), scope(by_path[entry.path]))
+                for entry, r in zip(found, rows, strict=True)
+                if r.report
+            ],
+            *[(Path(r.page), own_page(r)) for r in rows if r.page],
         ],
     )
-    print(tables.summary_text(graded))
+    print(tables.summary_text(rows))
     print(
-        f"\nwrote {out}/grades.csv, {out}/hardest_tests.csv, {out}/report.html and one "
-        "Gradescope JSON each"
+        f"\nwrote {out}/grades.csv (a row per entry), {out}/hardest_tests.csv, {out}/report.html "
+        f"and, per submission, its .gradescope.json and .student.html ({len(grades)} each)"
     )
     if any(g.error for g in grades):
         return 3

@@ -1,19 +1,28 @@
 """report.html: a class's grades as one page staff open from disk (grade-batch and summarize
-write it beside grades.csv).
+write it beside grades.csv), and each student's own page beside it (grade-batch).
 
-The page holds the totals (students, mean and median score, each test's passes), the score
-histogram (inline SVG), a students x tests grid colored as the matrix's HTML report colors its
-cells (reports.matrix), the first divergences the diagnosis names most often, the slowest
-submissions where grading times are recorded, and what was not counted. Each student's row
-links to the student's own report file when one was written. No script, no external URL:
-inline CSS and SVG only. Every text of a record (a submission's name, a test's name, a cause,
-a reason) is student-controlled and goes through reports.safe.html_text; a link's path is
-percent-encoded first, so it names a file beside the page and nothing else.
+The page says what it reports (`About`: a title, the date, the command that wrote it, the
+grader's version), then the counts of the entries (graded, rejected, grader errors, not
+submissions: they add up to the entries, as grades.csv's rows), the statistics over the
+graded submissions only (number of students, mean and median score, each test's passes, the
+score histogram as inline SVG), a students x tests grid of the graded submissions colored as
+the matrix's HTML report colors its cells (reports.matrix; a test not judged because a
+prerequisite failed is "?", not a failure), the first divergences the diagnosis names most
+often, the slowest submissions where grading times are recorded, and, listed apart with their
+reasons, the rejected submissions, the grader errors and the entries that are not submissions.
+Each name links to the student's own page (`student_page`: every test's outcome and points,
+its message and the diagnosis collapsed in <details>) where one was written, else to the
+student's results file. No script, no external URL: inline CSS and SVG only. Every text of a
+record (a submission's name, a test's name, a message, a reason) is student-controlled and goes
+through reports.safe.html_text; a link's path is percent-encoded first, so it names a file
+beside the page and nothing else.
 
-Totals are written as plain numbers in elements with stable ids (`students`, `mean-score`,
-`median-score`, `max-score`, `passed-all`, `not-counted`; each with `data-value`), each test's
-passes as `data-passed` and `data-of` on its row of `#tests` (`data-test`, its name), and each
-histogram bar's count as `data-count`: a test reads them back from the rendered page.
+Totals are written as plain numbers in elements with stable ids (`entries`, `students`,
+`rejected`, `grader-errors`, `not-submissions`, `not-counted`, `mean-score`, `median-score`,
+`max-score`, `passed-all`; each with `data-value`), each test's passes as `data-passed` and
+`data-of` on its row of `#tests` (`data-test`, its name), each histogram bar's count as
+`data-count`, and each listed entry as `data-submission` in `#rejected-list`,
+`#errors-list` and `#not-submissions-list`: a test reads them back from the rendered page.
 
 It reads records as harness.reports.grades.Graded holds them (described here by protocols:
 grades imports this module, not the other way round).
@@ -26,6 +35,9 @@ import os
 import statistics
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote
@@ -83,6 +95,14 @@ class Line(Protocol):
     def passed(self) -> bool: ...
     @property
     def outcome(self) -> str: ...
+    @property
+    def judged(self) -> bool: ...
+    @property
+    def message(self) -> str: ...
+    @property
+    def score(self) -> float | None: ...
+    @property
+    def max_score(self) -> float | None: ...
 
 
 class Record(Protocol):
@@ -110,6 +130,56 @@ class Record(Protocol):
     def report(self) -> str: ...
     @property
     def counted(self) -> bool: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def page(self) -> str: ...
+    @property
+    def diagnosis(self) -> Sequence[tuple[str, str]]: ...
+
+
+# The statuses of grades.STATUSES, as the page lists them apart: (status, list id, heading).
+LISTED = (
+    ("rejected", "rejected-list", "Rejected (not counted)"),
+    ("grader error", "errors-list", "Grader errors (not counted: regrade them)"),
+    ("not a submission", "not-submissions-list", "Not submissions (not counted, not graded)"),
+)
+
+
+@dataclass(frozen=True)
+class About:
+    """What a page reports: its title, when and by which command it was written, the grader's
+    version."""
+
+    title: str
+    command: str
+    date: str
+    version: str
+
+    @classmethod
+    def now(cls, title: str, command: str) -> About:
+        try:
+            grader = version("xfmr-oracle")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            grader = "unknown (not installed)"
+        when = datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")
+        return cls(title, command, when, grader)
+
+
+def _about(about: About | None) -> str:
+    if about is None:
+        return ""
+    rows = "".join(
+        f'<tr><th>{key}</th><td id="{key}">{esc(value)}</td></tr>'
+        for key, value in (
+            ("date", about.date),
+            ("command", about.command),
+            ("version", f"xfmr {about.version}"),
+        )
+    )
+    return f'<table id="about">{rows}</table>'
 
 
 def number(x: float) -> str:
@@ -134,9 +204,11 @@ def names_of_tests(grades: Sequence[Record]) -> list[str]:
 
 
 def pass_counts(grades: Sequence[Record]) -> dict[str, tuple[int, int]]:
-    """Each test's (passes, submissions holding it)."""
-    counts = {name: [0, 0] for name in names_of_tests(grades)}
-    for g in grades:
+    """Each test's (passes, graded submissions holding it): rejected ones, grader errors and
+    entries that are not submissions are not counted."""
+    counted = [g for g in grades if g.counted]
+    counts = {name: [0, 0] for name in names_of_tests(counted)}
+    for g in counted:
         for t in g.tests:
             counts[t.name][0] += bool(t.passed)
             counts[t.name][1] += 1
@@ -163,43 +235,48 @@ def _href(report: str, folder: str | Path) -> str:
     return esc(relative if relative.startswith("../") else "./" + relative)
 
 
-def _why(g: Record) -> str:
-    """Why a record was not counted ("" if it was): the rejection, or the grader error's first
-    line."""
-    if g.rejected:
-        return g.rejected
-    return f"grader error: {(g.error.splitlines() or [''])[0]}" if g.error else ""
-
-
-def _cell_class(g: Record, t: Line | None) -> str:
-    if t is None or not g.counted:
+def _cell_class(t: Line | None) -> str:
+    if t is None:
+        return "not-judged"
+    if not t.passed and not t.judged:
         return "not-judged"
     return _CLASS.get(t.outcome, "passed" if t.passed else "failed")
 
 
 def totals(grades: Sequence[Record]) -> dict[str, float | None]:
-    """The page's totals by element id: students, mean and median score, the maximum score
-    (None when the records' maxima differ), how many passed every test, how many were not
-    counted (never ran). Mean and median are over every record, as grades.csv's score column."""
-    scores = [g.score for g in grades]
-    maxima = {g.max_score for g in grades}
+    """The page's totals by element id: the entries, each status's count (they add up to the
+    entries), how many were not counted; then over the graded submissions only: the students,
+    mean and median score, the maximum score (None when their maxima differ), how many passed
+    every test."""
+    counted = [g for g in grades if g.counted]
+    scores = [g.score for g in counted]
+    maxima = {g.max_score for g in counted}
+    by_status = Counter(g.status for g in grades)
     return {
-        "students": len(grades),
+        "entries": len(grades),
+        "students": len(counted),
+        "rejected": by_status["rejected"],
+        "grader-errors": by_status["grader error"],
+        "not-submissions": by_status["not a submission"],
+        "not-counted": len(grades) - len(counted),
         "mean-score": statistics.fmean(scores) if scores else None,
         "median-score": statistics.median(scores) if scores else None,
         "max-score": maxima.pop() if len(maxima) == 1 else None,
-        "passed-all": sum(g.passed for g in grades),
-        "not-counted": sum(not g.counted for g in grades),
+        "passed-all": sum(g.passed for g in counted),
     }
 
 
 _TOTALS = {
-    "students": "students",
-    "mean-score": "mean score",
-    "median-score": "median score",
+    "entries": "entries of the folder",
+    "students": "graded (the students below)",
+    "rejected": "rejected",
+    "grader-errors": "grader errors",
+    "not-submissions": "not submissions",
+    "not-counted": "not counted (rejected, grader errors, not submissions)",
+    "mean-score": "mean score (graded only)",
+    "median-score": "median score (graded only)",
     "max-score": "maximum score",
     "passed-all": "passed every test",
-    "not-counted": "not counted (never ran)",
 }
 
 
@@ -215,7 +292,7 @@ def _totals(grades: Sequence[Record]) -> str:
 
 
 def _histogram(grades: Sequence[Record]) -> str:
-    bins = histogram_bins(grades)
+    bins = histogram_bins([g for g in grades if g.counted])
     top = max(bins, default=0) or 1
     width, height, bar = 40, 160, 32
     bars = []
@@ -243,25 +320,30 @@ def _histogram(grades: Sequence[Record]) -> str:
     )
 
 
+def _link(g: Record, folder: str | Path) -> str:
+    """The record's name, linked to its own page, else its report file, where it has one."""
+    name = esc(g.submission)
+    target = g.page or g.report
+    return f'<a href="{_href(target, folder)}">{name}</a>' if target else name
+
+
 def _grid(grades: Sequence[Record], names: list[str], folder: str | Path) -> str:
     head = "".join(f'<th title="{esc(n)}">{i + 1}</th>' for i, n in enumerate(names))
     rows = []
     for g in grades:
         lines = {t.name: t for t in g.tests}
-        why = _why(g)
         cells = []
         for n in names:
-            kind = _cell_class(g, lines.get(n))
-            tip = f"{n}: {_SAID[kind]}" + (f" ({why})" if why else "")
+            t = lines.get(n)
+            kind = _cell_class(t)
+            said = (t.message.splitlines() or [""])[0] if t is not None else ""
+            tip = f"{n}: {_SAID[kind]}" + (f" ({said})" if said and kind != "passed" else "")
             cells.append(
-                f'<td class="{kind}" data-outcome="{_SAID[kind]}" title="{esc(tip)}">'
+                f'<td class="{kind}" data-outcome="{_SAID[kind]}" title="{esc(tip[:500])}">'
                 f"{_MARK[kind]}</td>"
             )
-        name = esc(g.submission)
-        if g.report:
-            name = f'<a href="{_href(g.report, folder)}">{name}</a>'
         rows.append(
-            f'<tr data-submission="{esc(g.submission)}"><th>{name}</th>'
+            f'<tr data-submission="{esc(g.submission)}"><th>{_link(g, folder)}</th>'
             f'<td data-score="{g.score!r}">{number(g.score)}/{number(g.max_score)}</td>'
             f"{''.join(cells)}</tr>"
         )
@@ -322,51 +404,127 @@ def _slowest(grades: Sequence[Record]) -> str:
     )
 
 
-def _not_counted(grades: Sequence[Record]) -> str:
-    items = "".join(
-        f"<li>{esc(g.submission)}: {esc(_why(g))}</li>" for g in grades if not g.counted
-    )
-    return f'<ul id="not-counted-list">{items}</ul>' if items else "<p>None.</p>"
+def _listed(grades: Sequence[Record], folder: str | Path) -> str:
+    """The entries not counted, each status apart, each with its reason."""
+    parts = []
+    for status, key, heading in LISTED:
+        items = "".join(
+            f'<li data-submission="{esc(g.submission)}">{_link(g, folder)}: '
+            f'<span class="reason">{esc(g.reason)}</span></li>'
+            for g in grades
+            if g.status == status
+        )
+        body = f'<ul id="{key}">{items}</ul>' if items else f'<p id="{key}">None.</p>'
+        parts.append(f"<h2>{heading}</h2>\n{body}")
+    return "\n".join(parts)
 
 
-def html_report(grades: Sequence[Record], folder: str | Path = ".") -> str:
+_CELL_STYLE = "\n".join(f"td.{k} {{ background: {c}; }}" for k, c in _COLOR.items())
+_PAGE_STYLE = f"""{STYLE}
+{_CELL_STYLE}
+td.not-judged {{ color: #777; }}
+td.cause, td.message {{ text-align: left; }}
+#totals td {{ text-align: right; }}
+#about th, #about td {{ text-align: left; }}
+#grid th:first-child, #slowest th, #tests th {{ text-align: left; }}
+.key {{ border: 1px solid #999; }}
+pre {{ white-space: pre-wrap; margin: 0; }}"""
+
+
+def html_report(
+    grades: Sequence[Record], folder: str | Path = ".", about: About | None = None
+) -> str:
     """The class report of `grades`, to be written in `folder` (its links to each submission's
-    report file are relative to it)."""
-    names = names_of_tests(grades)
-    cells = "\n".join(f"td.{k} {{ background: {c}; }}" for k, c in _COLOR.items())
+    page or report file are relative to it)."""
+    counted = [g for g in grades if g.counted]
+    names = names_of_tests(counted)
     legend = " ".join(
         f'<span class="key {k}" style="background:{c};padding:2px 6px">{_MARK[k]} {_SAID[k]}</span>'
         for k, c in _COLOR.items()
     )
+    title = "Class report" + (f": {about.title}" if about else "")
     return f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>xfmr class report</title>
+<html><head><meta charset="utf-8"><title>{esc(title)}</title>
 <style>
-{STYLE}
-{cells}
-td.not-judged {{ color: #777; }}
-td.cause {{ text-align: left; }}
-#totals td {{ text-align: right; }}
-#grid th:first-child, #slowest th, #tests th {{ text-align: left; }}
-.key {{ border: 1px solid #999; }}
+{_PAGE_STYLE}
 </style></head><body>
-<h1>Class report</h1>
+<h1>{esc(title)}</h1>
+{_about(about)}
 <h2>Totals</h2>
 {_totals(grades)}
+<p>Statistics (students, mean, median, the histogram, the grid, each test's passes) are over
+the graded submissions only; the others are listed apart below, each with its reason.</p>
 <h2>Scores</h2>
 {_histogram(grades)}
 <h2>Students x tests</h2>
 <p>{legend}</p>
-<p>Columns are the tests by number (below); hover a cell for its test and outcome. A submission
-that never ran (rejected, or a grader error) has every test not judged.</p>
-{_grid(grades, names, folder)}
+<p>Columns are the tests by number (below); hover a cell for its test, outcome and message. A
+test not judged (a test it depends on failed, and is charged there) is "?". Each name opens
+the student's own page: every test's message and the diagnosis.</p>
+{_grid(counted, names, folder)}
 <h2>Tests</h2>
-{_tests(grades, names)}
+{_tests(counted, names)}
 <h2>First divergences the diagnosis names most</h2>
 <p>Each counted once per student; causes that differ only in their numbers are one.</p>
 {_causes(grades)}
 <h2>Slowest submissions</h2>
-{_slowest(grades)}
-<h2>Not counted</h2>
-{_not_counted(grades)}
+{_slowest(counted)}
+{_listed(grades, folder)}
+</body></html>
+"""
+
+
+def _detail(summary: str, text: str) -> str:
+    return f"<details><summary>{summary}</summary><pre>{esc(text)}</pre></details>"
+
+
+def student_page(g: Record, folder: str | Path, report: str | Path, about: About | None) -> str:
+    """One submission's own page, to be written in `folder` beside the class report at
+    `report`: its status and reason, score, every test's outcome, points and message, and the
+    forward pass's diagnosis, the long texts collapsed (<details>)."""
+    rows = []
+    for i, t in enumerate(g.tests):
+        kind = _cell_class(t)
+        points = (
+            f"{number(t.score)}/{number(t.max_score)}"
+            if t.score is not None and t.max_score is not None
+            else ""
+        )
+        first = (t.message.splitlines() or [""])[0][:300]
+        said = _detail(esc(first), t.message) if t.message else ""
+        rows.append(
+            f'<tr data-test="{esc(t.name)}"><td>{i + 1}</td><th>{esc(t.name)}</th>'
+            f'<td class="{kind}" data-outcome="{_SAID[kind]}">{_MARK[kind]} {_SAID[kind]}</td>'
+            f'<td>{points}</td><td class="message">{said}</td></tr>'
+        )
+    tests = (
+        '<table id="tests"><tr><th>#</th><th>test</th><th>outcome</th><th>points</th>'
+        f"<th>message</th></tr>{''.join(rows)}</table>"
+        if rows
+        else "<p>No test ran.</p>"
+    )
+    diagnosis = "".join(_detail(esc(config), said) for config, said in g.diagnosis)
+    diagnosis = diagnosis or "<p>No diagnosis (it is made when a value test fails).</p>"
+    score = f"{number(g.score)}/{number(g.max_score)}" if g.status != "not a submission" else "-"
+    reason = f'<p>Why: <span id="reason">{esc(g.reason)}</span></p>' if g.reason else ""
+    links = f'<a href="{_href(str(report), folder)}">the class report</a>'
+    if g.report:
+        links += f', <a href="{_href(g.report, folder)}">its results file (JSON)</a>'
+    title = f"{g.submission}" + (f" ({about.title})" if about else "")
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>{esc(title)}</title>
+<style>
+{_PAGE_STYLE}
+</style></head><body>
+<h1>{esc(g.submission)}</h1>
+<p>Back to {links}.</p>
+{_about(about)}
+<table id="summary"><tr><th>status</th><td id="status">{esc(g.status)}</td></tr>
+<tr><th>score</th><td id="score">{score}</td></tr></table>
+{reason}
+<h2>Tests</h2>
+{tests}
+<h2>Diagnosis</h2>
+{diagnosis}
 </body></html>
 """

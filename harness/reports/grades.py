@@ -61,11 +61,34 @@ class TestLine:
     name: str
     passed: bool
     outcome: str
+    message: str = ""  # why it failed, as the grade says it (printable)
+    score: float | None = None  # its points, where the record says them
+    max_score: float | None = None
+
+    @property
+    def judged(self) -> bool:
+        """False for a failure that is no verdict: a prerequisite failed, and the message says
+        the test was not judged (harness.shared_tests: "not judged: X must pass first")."""
+        return self.passed or not _NOT_JUDGED.match(self.message)
+
+
+# A test's message when it was not judged, after grade's reason for the outcome.
+_NOT_JUDGED = re.compile(r"(?:(?:failed|crashed|timed out|not applicable): )?not judged\b")
+# What became of an entry of a class folder (or a results file read): only GRADED ones count.
+GRADED, REJECTED, GRADER_ERROR, NOT_A_SUBMISSION = (
+    "graded",
+    "rejected",
+    "grader error",
+    "not a submission",
+)
+STATUSES = (GRADED, REJECTED, GRADER_ERROR, NOT_A_SUBMISSION)
+COLUMNS = ["submission", "status", "score", "max_score", "passed", "reason"]
 
 
 @dataclass
 class Graded:
-    """One submission's grade as the tables need it."""
+    """One entry's grade as the tables need it: a submission's, or an entry of a class folder
+    that is not a submission (`not_a_submission`: why; no score, no test)."""
 
     submission: str
     score: float
@@ -77,11 +100,17 @@ class Graded:
     causes: tuple[tuple[str, str], ...] = ()  # first divergences named: (where, cause or "")
     seconds: float | None = None  # how long grading it took, where recorded
     report: str = ""  # the path of its own report file, where one was written
+    not_a_submission: str = ""  # why an entry of a class folder was not graded at all
+    diagnosis: tuple[tuple[str, str], ...] = ()  # (config, the forward pass's diagnosis)
+    page: str = ""  # the path of its own HTML page, where one was written
 
     @classmethod
-    def of(cls, g: Grade, report: str = "") -> Graded:
+    def of(cls, g: Grade, report: str = "", page: str = "") -> Graded:
         """A grade as the tables read it (grade-batch's; summarize reads results files)."""
-        lines = [TestLine(t.name, t.passed, t.outcome.value) for t in g.tests]
+        lines = [
+            TestLine(t.name, t.passed, t.outcome.value, printable(t.message), t.score, t.max_score)
+            for t in g.tests
+        ]
         name = Path(g.submission).name
         causes = first_causes(g.diagnosis.values())
         return cls(
@@ -95,13 +124,36 @@ class Graded:
             causes,
             g.seconds,
             report,
+            diagnosis=tuple((printable(k), printable(v)) for k, v in g.diagnosis.items()),
+            page=page,
         )
+
+    @classmethod
+    def not_graded(cls, name: str, why: str) -> Graded:
+        """An entry of a class folder that is not a submission, with why."""
+        return cls(name, 0.0, 0.0, False, not_a_submission=why)
+
+    @property
+    def status(self) -> str:
+        """One of STATUSES."""
+        if self.not_a_submission:
+            return NOT_A_SUBMISSION
+        return REJECTED if self.rejected else GRADER_ERROR if self.error else GRADED
+
+    @property
+    def reason(self) -> str:
+        """Why it was not graded ("" if it was): the rejection, the grader error's last line,
+        or why the entry is not a submission; printable."""
+        if self.not_a_submission or self.rejected:
+            return printable(self.not_a_submission or self.rejected)
+        last = [line for line in self.error.splitlines() if line.strip()][-1:]
+        return printable(f"grader error: {last[0].strip()}") if last else ""
 
     @property
     def counted(self) -> bool:
         """Does it count among the submissions that ran? A rejected submission and a grader
-        error failed no test."""
-        return not self.rejected and not self.error
+        error failed no test, and an entry that is not a submission is none."""
+        return self.status == GRADED
 
 
 # How the diagnosis names a first divergence (harness.shared_tests.diagnosis.divergence):
@@ -113,6 +165,7 @@ _SIZE = re.compile(r", max abs error [^:;]*?\(relative\)")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
 MAX_CAUSES = 20  # per submission: a results file is untrusted text
 MAX_CAUSE_CHARS = 300
+MAX_MESSAGE_CHARS = 20_000  # a test's message read from a results file (ours: ~2 kB at most)
 
 
 def first_causes(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
@@ -143,20 +196,36 @@ def first_causes(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
 
 
 def batch_table(grades: Sequence[Graded]) -> pd.DataFrame:
-    """One row per submission: score, max, passed, rejected, each test's outcome."""
+    """One row per entry: its status (STATUSES) and reason, score, max, passed, each test's
+    outcome; an entry that is not a submission has no score (an empty cell)."""
     rows = []
     for g in grades:
+        graded = g.status != NOT_A_SUBMISSION
         row: dict[str, Any] = {
             "submission": printable(g.submission),
-            "score": g.score,
-            "max_score": g.max_score,
+            "status": g.status,
+            "score": g.score if graded else math.nan,
+            "max_score": g.max_score if graded else math.nan,
             "passed": g.passed,
-            "rejected": g.rejected,
+            "reason": g.reason,
         }
         row.update({t.name: t.outcome for t in g.tests})
         rows.append(row)
-    empty = ["submission", "score", "max_score", "passed", "rejected"]
-    return pd.DataFrame(rows, columns=None if rows else empty)
+    return pd.DataFrame(rows, columns=None if rows else COLUMNS)
+
+
+def counts(grades: Sequence[Graded]) -> dict[str, int]:
+    """How many entries of each status (STATUSES, every one present)."""
+    return {status: sum(g.status == status for g in grades) for status in STATUSES}
+
+
+def counts_line(grades: Sequence[Graded]) -> str:
+    """The counts in words: "7 entries: 4 graded, 1 rejected, 0 grader errors, 2 not
+    submissions" (they add up to the entries)."""
+    n = counts(grades)
+    words = {GRADER_ERROR: "grader errors", NOT_A_SUBMISSION: "not submissions"}
+    said = ", ".join(f"{n[s]} {s if n[s] == 1 else words.get(s, s)}" for s in STATUSES)
+    return f"{len(grades)} {'entry' if len(grades) == 1 else 'entries'}: {said}"
 
 
 def hardest(grades: Sequence[Graded]) -> pd.DataFrame:
@@ -186,13 +255,17 @@ def hardest(grades: Sequence[Graded]) -> pd.DataFrame:
 def summary_text(grades: Sequence[Graded]) -> str:
     """What grade-batch and summarize print: the table, the hardest tests, what was not counted."""
     table, worst = batch_table(grades), hardest(grades)
-    lines = [table[["submission", "score", "max_score", "passed"]].to_string(index=False)]
+    shown = table[["submission", "status", "score", "max_score", "passed"]]
+    lines = [shown.to_string(index=False, na_rep="-")]
     lines += ["", "Tests students fail most (of the submissions that ran):"]
     lines += [worst.to_string(index=False) if not worst.empty else "  none: no submission ran"]
     for g in grades:
         if not g.counted:
-            why = printable(g.rejected or "grader error")
+            why = g.reason or g.status
+            if g.status == NOT_A_SUBMISSION:
+                why = f"{NOT_A_SUBMISSION}: {why}"
             lines.append(f"not counted: {printable(Path(g.submission).name)}: {why}")
+    lines += ["", counts_line(grades)]
     return "\n".join(lines)
 
 
@@ -201,7 +274,7 @@ def markdown(grades: Sequence[Graded]) -> str:
     table, worst = batch_table(grades), hardest(grades)
     return (
         "## Grades\n\n"
-        + markdown_table(table[["submission", "score", "max_score", "passed", "rejected"]])
+        + markdown_table(table[COLUMNS])
         + "\n## Tests students fail most (of the submissions that ran)\n\n"
         + markdown_table(worst)
     )
@@ -242,11 +315,12 @@ def _test_line(entry: Any, i: int) -> tuple[TestLine, float | None, float] | Non
         passed = bool(score >= most)
     output = entry.get("output", "")
     outcome = Outcome.PASSED.value
+    text = output[:MAX_MESSAGE_CHARS] if isinstance(output, str) else ""
     if not passed:
-        text = output if isinstance(output, str) else ""
         starts = [o for reason, o in _OUTCOME_OF_REASON.items() if text.startswith(reason)]
         outcome = starts[0] if starts else "failed"
-    return TestLine(printable(str(name)), passed, outcome), score, most or 0.0
+    line = TestLine(printable(str(name)), passed, outcome, printable(text), score, most)
+    return line, score, most or 0.0
 
 
 def read_results(path: Path, submission: str) -> Graded:
@@ -293,7 +367,10 @@ def read_results(path: Path, submission: str) -> Graded:
         and output.startswith(first)
     ):  # every test says what the whole says: nothing of it ran (harness.jobs.grade.grade)
         rejected = printable(first)
-        tests = [TestLine(t.name, False, Outcome.ERROR.value) for t in tests]  # as grade-batch's
+        tests = [  # as grade-batch's
+            TestLine(t.name, False, Outcome.ERROR.value, t.message, t.score, t.max_score)
+            for t in tests
+        ]
     passed = bool(tests) and all(t.passed for t in tests) and not error
     most = sum(m for _, _, m in lines)
     causes = first_causes(e.get("output", "") for e in entries if isinstance(e, dict))

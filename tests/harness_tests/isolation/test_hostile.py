@@ -146,10 +146,10 @@ def batch(tmp_path_factory):
     overlays += ["attack_wire", "attack_nan", "attack_blind_decoder", "attack_paths"]
     for name in overlays:
         overlay(name, folder, PROJECT=str(ROOT))
-    overlay("attack_signals", folder, REPORT=str(out / "attack_signals.gradescope.json"))
+    overlay("attack_signals", folder, REPORT=str(out / "attack_signals.py.gradescope.json"))
     fill = {
         "PROJECT": str(ROOT),
-        "REPORT": str(out / "attack_escape.gradescope.json"),
+        "REPORT": str(out / "attack_escape.py.gradescope.json"),
         "GRADER_CWD": os.getcwd(),
     }
     standalone("attack_escape", folder, **fill)
@@ -165,9 +165,9 @@ def batch(tmp_path_factory):
         )
     wall = time.monotonic() - start
     names = sorted(p.stem for p in folder.glob("*.py"))
-    results = {n: json.loads((out / f"{n}.gradescope.json").read_text()) for n in names}
+    results = {n: json.loads((out / f"{n}.py.gradescope.json").read_text()) for n in names}
     time.sleep(4)  # attack_signals' lingering child would rewrite its report after 3 s
-    after = {n: json.loads((out / f"{n}.gradescope.json").read_text()) for n in names}
+    after = {n: json.loads((out / f"{n}.py.gradescope.json").read_text()) for n in names}
     return {
         "status": status,
         "out": out,

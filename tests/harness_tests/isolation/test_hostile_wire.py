@@ -107,7 +107,7 @@ def batch(tmp_path_factory):
     peak = [line.split()[1] for line in done.stderr.splitlines() if line.startswith("PEAK_KIB")]
     assert peak, done.stderr[-3000:]
     names = sorted(p.stem for p in folder.glob("*.py"))
-    reports = {n: out / f"{n}.gradescope.json" for n in names}
+    reports = {n: out / f"{n}.py.gradescope.json" for n in names}
     return {
         "status": done.returncode,
         "stderr": done.stderr,

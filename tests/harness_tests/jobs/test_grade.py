@@ -380,13 +380,14 @@ def test_two_submissions_of_one_stem_get_a_report_each(tmp_path, capsys):
     # sandbox runs: what is checked is where the reports go)
     folder = tmp_path / "class"
     (folder / "a").mkdir(parents=True)
+    (folder / "a" / "notes.txt").write_text("a folder holding neither module")
     (folder / "a.py").write_text("import harness\n")
     (folder / "b.py").write_text("import harness\n")
     names = grade.gradescope_names(grade.submissions(folder))
     assert sorted(names.values()) == [
         "a.gradescope.json",
         "a.py.gradescope.json",
-        "b.gradescope.json",
+        "b.py.gradescope.json",
     ]
     out = tmp_path / "out"
     main(["grade-batch", str(folder), "--out", str(out), "--jobs", "1"])
@@ -394,4 +395,5 @@ def test_two_submissions_of_one_stem_get_a_report_each(tmp_path, capsys):
     folder_report = json.loads((out / "a.gradescope.json").read_text())
     file_report = json.loads((out / "a.py.gradescope.json").read_text())
     assert folder_report != file_report
-    assert "harness" in json.dumps(file_report) and (out / "b.gradescope.json").exists()
+    assert "harness" in json.dumps(file_report) and (out / "b.py.gradescope.json").exists()
+    assert "neither transformer.py" in json.dumps(folder_report)

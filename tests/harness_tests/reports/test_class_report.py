@@ -48,8 +48,8 @@ DIAGNOSIS = {
 }
 
 
-def line(name: str, outcome: str) -> tables.TestLine:
-    return tables.TestLine(name, outcome == "passed", outcome)
+def line(name: str, outcome: str, message: str = "") -> tables.TestLine:
+    return tables.TestLine(name, outcome == "passed", outcome, message)
 
 
 def record(name: str, score: float, outcomes: list[str], **more) -> tables.Graded:
@@ -58,6 +58,7 @@ def record(name: str, score: float, outcomes: list[str], **more) -> tables.Grade
     return tables.Graded(name, score, 10.0, passed, tests, **more)
 
 
+NOT_JUDGED = "failed: not judged: t0 must pass first (the forward pass differs)"
 CLASS = [
     record("alice", 10.0, ["passed", "passed", "passed"], seconds=12.5),
     record(
@@ -70,7 +71,20 @@ CLASS = [
     record("carol", 7.0, ["passed", "killed", "passed"], seconds=3.0),
     record("dave", 0.0, ["error"] * 3, rejected="rejected: imports impl.transformer"),
     record("erin", 9.9, ["passed", "passed", "failed"], causes=(("x0", ""),)),
+    tables.Graded(
+        "gus",
+        0.0,
+        10.0,
+        False,
+        [
+            line("t0", "killed", "failed: off"),
+            *[line(f"t{i}", "killed", NOT_JUDGED) for i in (1, 2)],
+        ],
+    ),
+    record("hal", 0.0, ["error"] * 3, error="Traceback (most recent call last):\nKeyError: 'x'"),
+    tables.Graded.not_graded("ivy.pdf", "a .pdf file, not a .py file or a folder"),
 ]
+GRADED = [g for g in CLASS if g.status == tables.GRADED]
 
 
 class Page(HTMLParser):
@@ -122,18 +136,79 @@ class Page(HTMLParser):
 
 def test_the_totals_are_the_records_numbers():
     page = Page(class_report.html_report(CLASS))
-    scores = [g.score for g in CLASS]
+    scores = [g.score for g in GRADED]
+    assert [g.submission for g in GRADED] == ["alice", "bob", "carol", "erin", "gus"]
+    assert page.value("entries") == 8 and page.text_of["entries"] == "8"
     assert page.value("students") == 5 and page.text_of["students"] == "5"
+    assert page.value("rejected") == page.value("grader-errors") == 1
+    assert page.value("not-submissions") == 1 and page.value("not-counted") == 3
     assert page.value("mean-score") == pytest.approx(statistics.fmean(scores))
     assert page.value("median-score") == 7.0 and page.text_of["median-score"] == "7"
     assert page.value("max-score") == 10.0
-    assert page.value("passed-all") == 1 and page.value("not-counted") == 1
+    assert page.value("passed-all") == 1
     assert page.passes() == {"t0": (4, 5), "t1": (2, 5), "t2": (2, 5)}
     grid = [a for tag, a in page.tags if tag == "td" and "data-outcome" in a]
-    assert len(grid) == 5 * 3
+    assert len(grid) == 5 * 3  # the graded only
     said = [a["data-outcome"] for a in grid]
     assert said[3:6] == ["passed", "failed", "timed out"]  # bob's
-    assert said[9:12] == ["not judged"] * 3  # dave never ran: nothing of his was judged
+    assert said[12:15] == ["failed", "not judged", "not judged"]  # gus's: one charge, two "?"
+    marks = [t for t in page.texts if t in "PFETN?-" and t]
+    assert marks[-3:] == ["F", "?", "?"]
+
+
+def test_the_entries_not_counted_are_listed_apart_with_their_reasons():
+    page = Page(class_report.html_report(CLASS))
+    listed = {}
+    for key in ("rejected-list", "errors-list", "not-submissions-list"):
+        assert key in page.by_id, key
+    current = None
+    for tag, attrs in page.tags:
+        if tag == "ul":
+            current = attrs.get("id")
+        elif tag == "li":
+            listed[attrs["data-submission"]] = current
+    assert listed == {
+        "dave": "rejected-list",
+        "hal": "errors-list",
+        "ivy.pdf": "not-submissions-list",
+    }
+    text = "".join(page.texts)
+    assert "rejected: imports impl.transformer" in text
+    assert "grader error: KeyError: 'x'" in text  # the traceback's last line, not its first
+    assert "a .pdf file, not a .py file or a folder" in text
+    rows = [a["data-submission"] for tag, a in page.tags if tag == "tr" and "data-submission" in a]
+    assert rows == ["alice", "bob", "carol", "erin", "gus"]  # the grid: graded only
+
+
+def test_the_page_says_what_it_reports():
+    about = class_report.About("subs", "xfmr grade-batch subs --out g", "2030-01-02 03:04", "9.9")
+    page = Page(class_report.html_report(CLASS, ".", about))
+    assert page.text_of["command"] == "xfmr grade-batch subs --out g"
+    assert page.text_of["date"] == "2030-01-02 03:04"
+    assert page.text_of["version"] == "xfmr 9.9"
+    assert "Class report: subs" in page.texts
+    now = class_report.About.now("t", "c")
+    assert now.version not in ("", "unknown (not installed)") and now.date[:2] == "20"
+
+
+def test_a_students_page_holds_every_message_and_the_diagnosis(tmp_path):
+    g = tables.Graded.of(a_grade("faulty.py", ["killed", "passed", "killed"], DIAGNOSIS))
+    g.report = str(tmp_path / "faulty.py.gradescope.json")
+    text = class_report.student_page(g, tmp_path, tmp_path / "report.html", None)
+    page = Page(text)
+    assert page.text_of["status"] == "graded"
+    assert [tag for tag, _ in page.tags].count("details") == 2 + len(DIAGNOSIS)
+    joined = "".join(page.texts)
+    for t in g.tests:
+        assert t.message in joined or t.passed
+    for config, said in g.diagnosis:
+        assert config in page.texts and said in joined
+    hrefs = [a["href"] for tag, a in page.tags if tag == "a"]
+    assert hrefs == ["./report.html", "./faulty.py.gradescope.json"]
+    assert "<script" not in text.lower() and "http" not in text.lower()
+    gus = Page(class_report.student_page(CLASS[5], tmp_path, tmp_path / "report.html", None))
+    outcomes = [a["data-outcome"] for tag, a in gus.tags if "data-outcome" in a]
+    assert outcomes == ["failed", "not judged", "not judged"]
 
 
 @pytest.mark.parametrize(
@@ -151,6 +226,8 @@ def test_the_histograms_bars_add_up_to_the_students(scores):
     bins = class_report.histogram_bins(grades)
     assert sum(bins) == len(scores) == sum(Page(class_report.html_report(grades)).bars())
     assert len(bins) == class_report.BINS
+    others = [CLASS[3], CLASS[6], CLASS[7]]  # rejected, grader error, not a submission
+    assert sum(Page(class_report.html_report(grades + others)).bars()) == len(scores)
 
 
 def test_a_full_score_is_the_last_bar_and_no_maximum_the_first():
@@ -180,7 +257,22 @@ def test_student_text_is_text():
     assert not any(k.startswith("on") for _, attrs in page.tags for k in attrs)
     assert sum(HOSTILE in t for t in page.texts) >= 3  # the grid, the slowest, the cause
     assert any(SCRIPT in t for t in page.texts)
-    assert page.passes()[SCRIPT] == (0, 2)  # a test's name, read back whole from its attribute
+    assert page.passes()[SCRIPT] == (0, 1)  # a test's name, read back whole from its attribute
+    assert page.by_id["rejected-list"]  # the rejected one is listed apart, its reason as text
+    assert sum(SCRIPT in t for t in page.texts) >= 2
+    hostile = tables.Graded(
+        HOSTILE,
+        0.0,
+        2.0,
+        False,
+        [line(SCRIPT, "killed", SCRIPT + "\n" + HOSTILE)],
+        diagnosis=((SCRIPT, HOSTILE),),
+        report=f"out/{HOSTILE}.json",
+    )
+    own = Page(class_report.student_page(hostile, "out", "out/report.html", None))
+    assert not {tag for tag, _ in own.tags} & {"script", "img", "iframe", "object", "embed"}
+    assert not any(k.startswith("on") for _, attrs in own.tags for k in attrs)
+    assert sum(SCRIPT in t for t in own.texts) >= 3 and sum(HOSTILE in t for t in own.texts) >= 2
 
 
 def test_the_page_loads_nothing_and_runs_nothing():
@@ -209,7 +301,7 @@ def test_the_most_named_cause_comes_first_and_none_named_is_said():
     )
     assert named[0] == (("decoder.0.cross_attn", "padded keys are read"), 2)
     assert named[1] == (("x0", ""), 1)  # a first divergence located, its cause not named
-    assert unnamed == 1  # carol failed a test and her grade names no first divergence
+    assert unnamed == 2  # carol and gus failed a test and their grades name no first divergence
     page = Page(class_report.html_report(CLASS))
     causes = [t for t in page.texts if t.startswith(class_report.NO_CAUSE)]
     assert len(causes) == 2
@@ -222,6 +314,9 @@ def test_without_recorded_times_the_slowest_are_left_out_with_a_note():
     timed = Page(class_report.html_report(CLASS))
     shown = [float(a["data-seconds"]) for tag, a in timed.tags if "data-seconds" in a]
     assert shown == [40.0, 12.5, 3.0]
+    late = record("late", 0.0, ["error"], rejected="rejected: x", seconds=99.0)
+    shown = Page(class_report.html_report([*CLASS, late])).tags
+    assert [float(a["data-seconds"]) for _, a in shown if "data-seconds" in a][0] == 40.0
 
 
 # --- the causes, from a grade's diagnosis and from its results.json ------------------------------
@@ -332,22 +427,40 @@ def dump_dom(browser: Path, page: Path, profile: Path) -> str:
 
 
 def assert_the_page_agrees_with_grades_csv(dom: str, out: Path) -> Page:
-    """The totals Chromium shows are grades.csv's: students, mean, median, each test's passes;
-    the histogram's bars add up to the students."""
+    """The totals Chromium shows are grades.csv's: the entries and each status's count, and over
+    the graded rows only the students, mean, median, each test's passes; the histogram's bars
+    add up to the students; every row of grades.csv is named on the page, once."""
     rows = list(csv.DictReader((out / "grades.csv").open()))
-    scores = [float(r["score"]) for r in rows]
-    fixed = {"submission", "score", "max_score", "passed", "rejected"}
-    tests = [c for c in rows[0] if c not in fixed]
+    graded = [r for r in rows if r["status"] == tables.GRADED]
+    scores = [float(r["score"]) for r in graded]
+    tests = [c for c in rows[0] if c not in tables.COLUMNS]
     page = Page(dom)
-    assert page.value("students") == len(rows) == sum(page.bars())
+    assert page.value("entries") == len(rows)
+    assert page.value("students") == len(graded) == sum(page.bars())
+    for key, status in [
+        ("rejected", tables.REJECTED),
+        ("grader-errors", tables.GRADER_ERROR),
+        ("not-submissions", tables.NOT_A_SUBMISSION),
+    ]:
+        assert page.value(key) == sum(r["status"] == status for r in rows), key
+    assert page.value("not-counted") == len(rows) - len(graded)
     assert page.value("mean-score") == pytest.approx(statistics.fmean(scores))
     assert page.value("median-score") == pytest.approx(statistics.median(scores))
-    assert page.value("passed-all") == sum(r["passed"] == "True" for r in rows)
+    assert page.value("passed-all") == sum(r["passed"] == "True" for r in graded)
     assert page.passes() == {
-        t: (sum(r[t] == Outcome.PASSED.value for r in rows), len(rows)) for t in tests
+        t: (sum(r[t] == Outcome.PASSED.value for r in graded), len(graded)) for t in tests
     }
+    named = [a["data-submission"] for tag, a in page.tags if "data-submission" in a]
+    assert sorted(named) == sorted(r["submission"] for r in rows)
     assert not any(tag == "script" for tag, _ in page.tags)
     return page
+
+
+def assert_every_link_resolves(page: Page, out: Path) -> list[str]:
+    links = [a["href"] for tag, a in page.tags if tag == "a"]
+    for href in links:
+        assert href.startswith("./") and (out / unquote(href)).resolve().is_file(), href
+    return links
 
 
 def test_summarize_report_read_back_in_chromium(chromium, tmp_path):
@@ -377,21 +490,78 @@ def test_summarize_report_read_back_in_chromium(chromium, tmp_path):
     assert "attention applies no mask: padded keys are read" in page.texts
 
 
-@pytest.mark.slow
-def test_grade_batch_report_read_back_in_chromium(chromium, tmp_path):
-    # the real grade-batch, sandboxed, on the two examples (~35 s on 2 cores)
-    subs, out = tmp_path / "subs", tmp_path / "grades"
-    subs.mkdir()
-    for name in ("correct_submission.py", "faulty_submission.py"):
-        shutil.copy(ROOT / "examples" / name, subs / name)
-    assert main(["grade-batch", str(subs), "--out", str(out), "--jobs", "2"]) == 1
-    page = assert_the_page_agrees_with_grades_csv(
-        dump_dom(chromium, out / "report.html", tmp_path / "profile"), out
+MIXED_TESTS = "test_hand_example_noam,test_golden_torch,test_beam_search_matches_oracle"
+
+
+def mixed_class(folder: Path) -> None:
+    """issue 47's class folder: the two examples, a student's folder, a PDF, f.py (correct),
+    f/ (faulty) and f.py.d/ (notes only: rejected)."""
+    folder.mkdir()
+    correct, faulty = (
+        ROOT / "examples" / "correct_submission.py",
+        ROOT / "examples" / "faulty_submission.py",
     )
-    assert page.value("passed-all") == 1 and page.value("students") == 2
+    shutil.copy(correct, folder / correct.name)
+    shutil.copy(faulty, folder / faulty.name)
+    shutil.copy(correct, folder / "f.py")
+    for name, source in (("erin", correct), ("f", faulty)):
+        (folder / name).mkdir()
+        shutil.copy(source, folder / name / "transformer.py")
+    (folder / "f.py.d").mkdir()
+    (folder / "f.py.d" / "notes.txt").write_text("my notes")
+    (folder / "dave.pdf").write_bytes(b"%PDF-1.4\n")
+
+
+@pytest.mark.slow
+def test_grade_batch_over_a_mixed_folder_read_back_in_chromium(chromium, tmp_path, capsys):
+    # the real grade-batch, sandboxed, three tests each (~60 s on 2 cores): every entry named,
+    # each JSON its own submission's, the statistics over the graded ones, every link resolving
+    subs, out = tmp_path / "subs", tmp_path / "grades"
+    mixed_class(subs)
+    argv = ["grade-batch", str(subs), "--out", str(out), "--jobs", "2", "--tests", MIXED_TESTS]
+    assert main(argv) == 1
+    said = capsys.readouterr()
+    assert "7 entries: 5 graded, 1 rejected, 0 grader errors, 1 not a submission" in said.out
+    assert "6/6" in said.err and "7 entries in " in said.err
+    rows = {r["submission"]: r for r in csv.DictReader((out / "grades.csv").open())}
+    assert sorted(rows) == sorted(p.name for p in subs.iterdir())
+    assert {n: r["status"] for n, r in rows.items() if r["status"] != "graded"} == {
+        "dave.pdf": "not a submission",
+        "f.py.d": "rejected",
+    }
+    full = float(rows["correct_submission.py"]["max_score"])
+    faulty = float(rows["faulty_submission.py"]["score"])
+    assert float(rows["correct_submission.py"]["score"]) == full and faulty < full
+    results = {"correct_submission.py": full, "faulty_submission.py": faulty, "erin": full}
+    results |= {"f.py": full, "f": faulty, "f.py.d": 0.0}
+    for name, score in results.items():  # one JSON per submission, holding its own score
+        data = json.loads((out / f"{name}.gradescope.json").read_text())
+        assert data["score"] == score == float(rows[name]["score"]), name
+    assert "notes.txt" in json.loads((out / "f.py.d.gradescope.json").read_text())["output"]
+    assert len(list(out.glob("*.gradescope.json"))) == len(list(out.glob("*.student.html"))) == 6
+
+    dom = dump_dom(chromium, out / "report.html", tmp_path / "profile")
+    page = assert_the_page_agrees_with_grades_csv(dom, out)
+    assert page.value("students") == 5 and page.value("passed-all") == 3
+    assert page.value("median-score") == full and page.value("not-submissions") == 1
+    assert page.text_of["command"].startswith("xfmr grade-batch ") and page.text_of["version"]
     assert "attention applies no mask: padded keys are read" in page.texts
-    links = {a["href"] for tag, a in page.tags if tag == "a"}
-    assert links == {"./correct_submission.gradescope.json", "./faulty_submission.gradescope.json"}
-    assert all((out / href).is_file() for href in links)
-    timed = [float(a["data-seconds"]) for tag, a in page.tags if "data-seconds" in a]
-    assert len(timed) == 2 and all(s > 0 for s in timed)
+    links = assert_every_link_resolves(page, out)
+    assert len(links) == 6  # each graded or rejected submission's own page
+    assert all(href.endswith(".student.html") for href in links)
+    faulty_row = [
+        a["data-outcome"] for tag, a in Page(dom).tags if tag == "td" and "data-outcome" in a
+    ]
+    assert faulty_row.count("not judged") == 2  # f and faulty: the beam test, after golden
+    own = Page(dump_dom(chromium, out / "f.student.html", tmp_path / "profile"))
+    assert own.text_of["status"] == "graded"
+    assert [a["data-outcome"] for _, a in own.tags if "data-outcome" in a] == [
+        "passed",
+        "failed",
+        "not judged",
+    ]
+    assert [tag for tag, _ in own.tags].count("details") >= 3  # messages and the diagnosis
+    assert "attention applies no mask" in "".join(own.texts)
+    assert_every_link_resolves(own, out)
+    for other in out.glob("*.student.html"):
+        assert_every_link_resolves(Page(other.read_text()), out)

@@ -242,7 +242,8 @@ def test_the_batch_markdown_escapes_file_names_and_messages():
     ok = tables.Graded("bob.py", 5.0, 5.0, True, [tables.TestLine("t", True, "passed")])
     text = tables.markdown([eve, ok])
     rows = table_rows(text)
-    # two tables of five columns (head, rule, rows): eve, rejected, is not in the second
-    assert [len(r) for r in rows] == [5] * (4 + 3)
+    # the grades (six columns: status and reason among them), then the hardest tests (five):
+    # head, rule, rows; eve, rejected, is not in the second
+    assert [len(r) for r in rows] == [6] * 4 + [5] * 3
     assert "<script" not in text and "<img" not in text and "<b>" not in text
     assert markdown_cell(STUDENT) in text
