@@ -255,9 +255,10 @@ def learning_instance(setup: dict[str, Any], *purpose: Any) -> dict[str, Any]:
     embedding rows a relabelling leaves how hard the task is to learn exactly as it was). Four
     disjoint parts: training data (what fit sees), validation sums (the worker's early stop
     reads some of them), test sums, which never leave the parent: the verdict is the oracle's
-    loss on them, and as many unused sums, neither trained on nor tested, so that the sums fit
-    is not given are not the test sums (of the 600 held out, the worker sees at most the 64
-    validation sums of the checkpoints; 200 of the other 536 are tested).
+    loss on them, and unused sums, neither trained on nor tested, so that a subject that lists
+    the sums it was not given cannot narrow the test sums: of the task's "held_out" sums (2200
+    of the 4095), the worker sees at most the 64 validation sums of the checkpoints; 200 of the
+    other 2136 are tested (tests/harness_tests/shared_tests/test_learning_split.py).
 
     An offset added to every answer was tried as a further task parameter and dropped: offsets
     0-9 spread impl's loss over six instances from 0.14 to 0.73 (0.15-0.29 without), past what
@@ -267,7 +268,8 @@ def learning_instance(setup: dict[str, Any], *purpose: Any) -> dict[str, Any]:
     task = setup["task"]
     n, n_test = task["digits"], task["n_test"]
     rng = np.random.default_rng(draw_seed("learning task", *purpose))
-    train, held = addition.split_sums(n, 3 * n_test, task["n_train"], int(rng.integers(2**31)))
+    seed = int(rng.integers(2**31))
+    train, held = addition.split_sums(n, task["held_out"], task["n_train"], seed)
     relabel = np.arange(addition.VOCAB)
     relabel[addition.PLUS :] = rng.permutation(relabel[addition.PLUS :])
 
