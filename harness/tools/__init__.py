@@ -1,2 +1,3 @@
-"""Commands for the staff, not the students: the smoke check and the benchmark of the oracle, and
-the derivation of the stored learning bar (learning_bar)."""
+"""The course's measurements, for the staff: each one's results go under results/ (bench,
+bench-engine, bound-check, detection, false-alarms, generated-draws, the generic mutants, coverage
+inference, the Stryker screenshot) or into harness/data/ (learning_bar, the learning test's bar)."""

@@ -1,7 +1,8 @@
 """The layout's own rules, read from the source: no import circle among the project's modules (with
 the edges import-linter cannot see: imports inside functions and importlib.import_module by
 name), no harness module over 700 lines, every top-level folder of harness/ named by its role,
-tests/harness_tests mirroring harness/, and no dask on the default paths."""
+tests/harness_tests mirroring harness/, each command of `xfmr --help` in its section's folder, and
+no dask on the default paths."""
 
 from __future__ import annotations
 
@@ -22,7 +23,9 @@ ROLES = {
     "jobs": "the views: matrix, grade, mutation score, autograder",
     "reports": "renderers and the atomic writer",
     "shared_tests": "the laws (checks) and what they judge with",
-    "tools": "measurements whose results go under results/",
+    "tools": "the course's measurements, whose results go under results/",
+    "students": "the students' commands on their own code: start, check, pytest --xfmr, diff",
+    "oracle_checks": "the oracle put to use on a model: compare, smoke",
     "data": "expectations and derived figures (no code)",
 }
 
@@ -155,11 +158,51 @@ def test_the_tests_of_harness_mirror_its_subpackages():
         ), path
 
 
+# `xfmr --help`'s sections (harness/cli.py) and the folders their commands' modules live in: an
+# audience's commands in the room that serves it. Operations (the warm fork server) live beside
+# what they operate, in isolation/; summarize renders grade-batch's tables, a report.
+SECTION_HOMES = {
+    "your own code": ("harness.students",),
+    "grading": ("harness.jobs", "harness.reports"),
+    "the course's measurements (results/)": ("harness.tools",),
+    "the oracle": ("harness.oracle_checks",),
+    "demos": ("demos",),
+    "operations": ("harness.isolation",),
+}
+
+
+def test_each_command_lives_in_its_sections_folder():
+    from harness import cli
+
+    assert [title for title, _ in cli.SECTIONS] == list(SECTION_HOMES)
+    assert cli.SECTIONS[0][0] == "your own code"  # the students' commands first
+    found = modules()
+    for title, commands in cli.SECTIONS:
+        for c in commands:
+            assert c.module.startswith(tuple(f"{h}." for h in SECTION_HOMES[title])), (title, c)
+            assert c.module in found, c
+    # a command on two lines runs its first line's module, which hands the other's runs on
+    for name, (module, _) in cli.COMMANDS.items():
+        others = {c.module for _, cs in cli.SECTIONS for c in cs if c.name == name} - {module}
+        assert others <= imported(module, found[module], set(found)), (name, others)
+
+
+def test_the_students_commands_are_the_students_modules():
+    # every module of harness/students/ is a students' command (or the pytest plugin); the
+    # pytest11 entry point names the plugin there
+    from harness import cli
+
+    commands = {c.module for c in cli.SECTIONS[0][1]} | {"harness.students.pytest_plugin"}
+    here = {n for n in modules() if n.startswith("harness.students.")}
+    assert here == commands
+    assert 'xfmr = "harness.students.pytest_plugin"' in (ROOT / "pyproject.toml").read_text()
+
+
 def test_the_default_paths_never_import_dask():
     code = (
         "import sys\n"
         "import harness.cli, harness.jobs.matrix, harness.jobs.grade, harness.jobs.mutation_score\n"
-        "import harness.engine.executors, harness.selfcheck\n"
+        "import harness.engine.executors, harness.students.selfcheck\n"
         "from harness.engine.executors import executor\n"
         "executor(None, 1).close()\n"
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('dask', 'distributed'))\n"

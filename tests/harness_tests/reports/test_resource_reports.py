@@ -327,7 +327,7 @@ def test_every_report_of_a_mutation_score_says_which_limit_is_missing(tmp_path, 
 
 
 def test_every_report_of_a_suite_self_check_says_it_is_one(tmp_path, monkeypatch):
-    from harness import selfcheck
+    from harness.students import selfcheck
 
     def run_suite_on(source, tests_dir, module_name, time_limit, memory_mb=2048, stop=()):
         return SubjectRun({"t.py::test_a": Cell(Outcome.PASSED, "")}, ["t.py::test_a"])

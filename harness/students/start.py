@@ -10,7 +10,7 @@
 
 Nothing is ever overwritten: a file already there stops the command (exit 2) before it writes
 anything. The stub is generated at each call from the contract, so a change of the contract
-changes it (tests/harness_tests/tools/test_start.py holds the two in sync).
+changes it (tests/harness_tests/students/test_start.py holds the two in sync).
 """
 
 from __future__ import annotations

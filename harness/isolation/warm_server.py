@@ -4,6 +4,10 @@ keeps between runs (harness.isolation.warm).
 start: start one now (or check that the running one is current), so the next run forks its first
 worker at once; status: whether one runs, its pid, and whether it runs the code on disk (exit
 status 1 if none runs); stop: stop it.
+
+An operations command (`xfmr --help`: operations): it starts and stops a piece of the process
+boundary, so it lives beside that piece (warm.py, forkserver.py) rather than among the
+measurements of harness/tools/.
 """
 
 from __future__ import annotations

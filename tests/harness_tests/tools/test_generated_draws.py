@@ -2,8 +2,8 @@
 union's outcomes (the measurement itself is results/generated_draws.md)."""
 
 from harness.jobs import mutation_score as ms
-from harness.jobs.generated_draws import markdown, samples
 from harness.shared_tests.inputs import draw_secret, set_draw_secret
+from harness.tools.generated_draws import markdown, samples
 
 
 def test_each_draw_gets_the_sample_its_mutation_score_run_draws():

@@ -12,6 +12,9 @@ of five whole scores.
         --draws 0-4 --write results/generated_draws.md
 
 A draw d here is the sample `XFMR_DRAW_SEED=d xfmr mutation-score SUITE` draws.
+
+A measurement of the mutation-score job (its results are results/generated_draws.md), so it lives
+among the measurements and is the one tool that runs a job (pyproject's contracts say so).
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ def markdown(
         "",
         f"Each draw's sample is the one `XFMR_DRAW_SEED=draw xfmr mutation-score` draws "
         f"({len(next(iter(by_draw.values()), []))} mutants); the {len(union)} distinct mutants of "
-        "the draws' samples ran once per suite (harness.jobs.generated_draws.py).",
+        "the draws' samples ran once per suite (harness/tools/generated_draws.py).",
         "",
         "| draw | " + " | ".join(f"{n} killed" for n in names) + " |",
         "| ---: | " + " | ".join("---:" for _ in names) + " |",

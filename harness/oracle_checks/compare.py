@@ -11,6 +11,9 @@ dtype may be from it (oracle/roundoff.py). Reported: the values outside their bo
 worst ratio |yours - oracle| / bound, and the first divergence: the first traced boundary (in
 the order of computation) with a value outside its bound, when you hand in traced values, else
 the logits. Exit status: 0 all inside, 1 some value outside, 2 a usage error.
+
+The oracle put to anyone's use (`xfmr --help`: the oracle), not a measurement of the course kept
+under results/, so it lives in harness/oracle_checks/ beside `xfmr smoke`, not in harness/tools/.
 """
 
 from __future__ import annotations

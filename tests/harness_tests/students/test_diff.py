@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from harness import diff
 from harness.cli import main
 from harness.outcomes import Outcome
 from harness.records import Grade, TestResult
 from harness.reports import grade as grade_report
 from harness.reports.gradescope import REFERENCE_DIFF, gradescope, with_reference
 from harness.shared_tests.laws import SHARED_TESTS
+from harness.students import diff
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 IMPL = ROOT / "impl" / "transformer.py"
 CORRECT = ROOT / "examples" / "correct_submission.py"
 ANNOTATED = ROOT / "examples" / "annotated_submission.py"

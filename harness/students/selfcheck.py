@@ -305,7 +305,7 @@ def _run_suite(args: argparse.Namespace) -> int:
     return 2 if not written else 0 if s.passed else 1
 
 
-if __name__ == "__main__":  # python -m harness.selfcheck: as `xfmr check`
+if __name__ == "__main__":  # python -m harness.students.selfcheck: as `xfmr check`
     parser = argparse.ArgumentParser(prog="xfmr check")
     configure_check(parser)
     sys.exit(run_check(parser.parse_args()))

@@ -33,7 +33,7 @@ import pytest
 
 MODULE = "tinyllm.xfmr.transformer"  # the module path a suite imports (as mutation-score's)
 # The grader's profile for a student's suite: harness.isolation.child.student_suite registers
-# the same one (tests/harness_tests/test_selfcheck.py holds them equal)
+# the same one (tests/harness_tests/students/test_selfcheck.py holds them equal)
 PROFILE = "xfmr-mutation-score"
 PROFILE_SETTINGS: dict[str, Any] = {
     "derandomize": True,
@@ -133,7 +133,7 @@ class _Active:
 
     def run(self, test: Any) -> Any:
         if self.runner is None:
-            from harness.selfcheck import runner
+            from harness.students.selfcheck import runner
 
             self.runner = runner(self.given, self.tests())
         return self.runner.result(test)

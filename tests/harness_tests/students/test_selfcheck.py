@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from harness import selfcheck
-from harness.pytest_plugin import PROFILE, PROFILE_SETTINGS
 from harness.reports import grade as grade_report
 from harness.shared_tests.laws import BY_NAME
+from harness.students import selfcheck
+from harness.students.pytest_plugin import PROFILE, PROFILE_SETTINGS
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FAULTY = "examples/faulty_submission.py"
 CORRECT = "examples/correct_submission.py"
 # what the faulty example fails (README: its grade, 87/122): the cross-attention reads padding

@@ -20,7 +20,8 @@ gradescope --reveal-reference-after-pass`): run_autograder then calls `xfmr diff
 grade.json --gradescope results.json`, which adds the diff to a full-score results.json as a
 test of 0 points; any other results.json is left as it was.
 
-A front end like harness.selfcheck (it runs the self-check's tests): nothing below imports it.
+A front end like harness.students.selfcheck (it runs the self-check's tests): nothing below
+imports it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import grading, selfcheck
+from harness import grading
 from harness.isolation.sandbox import PROJECT_ROOT
 from harness.isolation.worker import printable
 from harness.options import usage_error
@@ -48,6 +49,7 @@ from harness.reports.grade import sha256_of
 from harness.reports.gradescope import with_reference
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.laws import SHARED_TESTS
+from harness.students import selfcheck
 
 REFERENCE = PROJECT_ROOT / "impl" / "transformer.py"
 CONTRACT_PYI = PROJECT_ROOT / "impl" / "contract.pyi"
@@ -479,7 +481,7 @@ def _into_gradescope(results: Path, said: str) -> int:
     return 0 if written else 2
 
 
-if __name__ == "__main__":  # python -m harness.diff: as `xfmr diff`
+if __name__ == "__main__":  # python -m harness.students.diff: as `xfmr diff`
     parser = argparse.ArgumentParser(prog="xfmr diff")
     configure_diff(parser)
     sys.exit(run_diff(parser.parse_args()))

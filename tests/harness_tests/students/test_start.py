@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import selfcheck
 from harness.cli import main
 from harness.shared_tests.laws import SHARED_TESTS
-from harness.tools import start
+from harness.students import selfcheck, start
 
 ROOT = Path(__file__).resolve().parents[3]
 PYI = ROOT / "impl" / "contract.pyi"
