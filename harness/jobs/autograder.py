@@ -68,8 +68,10 @@ def probe(hidden: Sequence[Path]) -> tuple[str, list[str]]:
 # --- the steps of the platforms' scripts --------------------------------------------------------
 
 
-def refused(args: argparse.Namespace) -> dict[str, Any]:
-    """The results.json of `refuse`: no isolation tier works here, and why (the probe's record)."""
+def refused(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    """The results.json of `refuse` (no isolation tier works here), and why, for staff (the
+    probe's record): in the results.json only where the platform hides it from the student
+    (Gradescope's hidden test), and on the job's output (staff's on both platforms)."""
     try:
         said = Path(args.why).read_text().strip().splitlines()[1:]
     except OSError as e:
@@ -83,8 +85,8 @@ def refused(args: argparse.Namespace) -> dict[str, Any]:
     )
     tests = _selected(args.tests)
     if args.format == "prairielearn":
-        return prairielearn.refusal(tests, why)
-    return gradescope.refusal(tests, why, args.visibility, args.stdout_visibility)
+        return prairielearn.refusal(tests), why
+    return gradescope.refusal(tests, why, args.visibility, args.stdout_visibility), why
 
 
 def grade_of(report: dict[str, Any]) -> Grade:
@@ -101,20 +103,24 @@ def grade_of(report: dict[str, Any]) -> Grade:
     )
 
 
-def converted(args: argparse.Namespace) -> dict[str, Any]:
+def converted(args: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     """The results.json of `prairielearn-results`: the grade's report in PrairieLearn's format;
-    no report (the grade refused, or broke before it could write one): not graded, and why."""
+    no report (the grade refused, or broke before it could write one): not graded. And what
+    staff must know, for the job's output only (PrairieLearn shows a student all of
+    results.json)."""
     try:
-        return prairielearn.prairielearn(grade_of(json.loads(Path(args.grade).read_text())))
+        g = grade_of(json.loads(Path(args.grade).read_text()))
+        return prairielearn.prairielearn(g), prairielearn.staff_notes(g)
     except (OSError, ValueError, KeyError, TypeError) as e:
         problem = f"{type(e).__name__}: {e}"
     tests = _selected(args.tests)
-    log = files.PRAIRIELEARN.log
-    if args.status == 2:  # nothing was graded: a refusal, said on the grade's stderr
-        return prairielearn.refusal(tests, f"xfmr grade refused to grade (exit 2); {log} says why")
-    return prairielearn.fault(
-        tests, f"xfmr grade left no report (exit status {args.status}; {problem}); {log} says why"
-    )
+    if args.status == 2:  # nothing was graded: a refusal, said on the grade's stderr above
+        why = "xfmr grade refused to grade (exit 2); its reason is above, in this output"
+        return prairielearn.refusal(tests), [f"Course staff: {why}"]
+    return prairielearn.fault(tests), [
+        f"Course staff: xfmr grade left no report (exit status {args.status}; {problem}); this "
+        "output says why; fix it, then regrade."
+    ]
 
 
 def write_folder(out: Path, found: Sequence[tuple[str, Any, int]]) -> str:
@@ -183,9 +189,19 @@ def configure_autograder(parser: argparse.ArgumentParser) -> None:
     learn.add_argument("--out", default="prairielearn", metavar="DIR", help="the folder to write")
     _add_build_options(learn)
     learn.add_argument(
+        "--course",
+        required=True,
+        metavar="NAME",
+        help="the course's name (its infoCourse.json name, e.g. 'CS 182'): the question's UUID "
+        "is made from it and the QID, unique per course and question; and the image's default "
+        "Docker Hub namespace (its letters and digits, lowercased)",
+    )
+    learn.add_argument(
         "--image",
-        default=f"xfmr-oracle/grader:{version('xfmr-oracle')}",
-        help="the image's name in info.json: the Docker Hub name you push it under",
+        metavar="NAME:TAG",
+        help="the image's name in info.json: a Docker Hub repository the course pushes to "
+        f"(default: NAMESPACE/{files.IMAGE_REPOSITORY}:{version('xfmr-oracle')}, the namespace "
+        "from --course)",
     )
     learn.add_argument("--qid", default="xfmr-transformer", help="the question's folder (its QID)")
     learn.add_argument(
@@ -218,8 +234,8 @@ def configure_autograder(parser: argparse.ArgumentParser) -> None:
     refuse_it.add_argument("--out", required=True, metavar="FILE", help="the results.json")
     refuse_it.add_argument("--format", choices=FORMATS, default="gradescope")
     refuse_it.add_argument("--tests", metavar="NAMES")
-    for option in ("--visibility", "--stdout-visibility"):
-        refuse_it.add_argument(option, choices=VISIBILITIES, default="visible")
+    for option, default in (("--visibility", "visible"), ("--stdout-visibility", "hidden")):
+        refuse_it.add_argument(option, choices=VISIBILITIES, default=default)
     convert = sub.add_parser(
         "prairielearn-results",
         help="(run.sh) xfmr grade's JSON report as PrairieLearn's results.json",
@@ -254,24 +270,30 @@ def run_autograder(args: argparse.Namespace) -> int:
             )
         return 0
     if args.action == "refuse":
-        data = refused(args)
+        data, why = refused(args)
+        print(f"Course staff: {why}")  # the job's output: staff's on both platforms
         write_all("autograder", [(args.out, lambda: data)])
         return 2  # nothing was graded
     if args.action == "prairielearn-results":
-        data = converted(args)
+        data, notes = converted(args)
+        for note in notes:  # the grading job's output: instructors' only
+            print(note)
         return 0 if write_all("autograder", [(args.out, lambda: data)]) else 2
     tests = _selected(args.tests)
     total = sum(t.points for t in tests)
     out = Path(args.out)
     if args.action == "prairielearn":
-        if problem := write_folder(out, files.prairielearn_files(args, tests)):
-            return usage_error("autograder", problem)
+        args.image, problem = files.image_of(args.course, args.image)
+        if problem or (problem := write_folder(out, files.prairielearn_files(args, tests))):
+            return usage_error("autograder prairielearn", problem)
         print(
             f"wrote {out}/: image/ (the grader image's Dockerfile, setup.sh, run.sh and "
             f"{files.PROJECT_DIR}/, version {version('xfmr-oracle')}) and questions/{args.qid}/ "
             f"(info.json, question.html)\n"
             f"{len(tests)} tests, {total:g} points; PrairieLearn's score is their fraction.\n"
             f"  docker build -t {args.image} {out}/image && docker push {args.image}\n"
+            f"(the namespace {args.image.rsplit('/', 1)[0]!r} must be one your course owns: "
+            "`docker login` as it first; --image names another)\n"
             f"then copy {out}/questions/{args.qid} into your course's questions/ "
             f"({out}/README.md says more).\n{_told(tests)}"
         )

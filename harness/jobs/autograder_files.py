@@ -21,9 +21,12 @@ PrairieLearn (`xfmr autograder prairielearn --out DIR`; external grading:
 https://prairielearn.readthedocs.io/en/latest/externalGrading/): DIR/image is the grader image's
 build context (a Dockerfile whose one RUN is the same setup.sh, over /xfmr-grader: run.sh, the
 source, assignment.json), DIR/questions/QID the question (info.json, question.html with a file
-upload for transformer.py). run.sh is run_autograder's script for /grade: it proves the tier
-when each job starts (the container a job runs in is not the one `docker build` ran in), grades
-/grade/student, and writes /grade/results/results.json in PrairieLearn's format on every path.
+upload of transformer.py and, as on Gradescope, any modules of the student's own beside it).
+run.sh is run_autograder's script for /grade: it proves the tier when each job starts (the
+container a job runs in is not the one `docker build` ran in), grades /grade/student, and writes
+/grade/results/results.json in PrairieLearn's format on every path. The image's name is the
+course's (--image, or a Docker Hub namespace made from --course), and the question's UUID is made
+from the course and the QID, so no two courses' questions share one.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import argparse
 import io
 import json
 import os
+import re
 import shlex
 import uuid
 import zipfile
@@ -43,6 +47,7 @@ from typing import Any
 
 from harness.isolation.sandbox import PROJECT_ROOT
 from harness.isolation.tiers import CONTAINER, SANDBOX
+from harness.reports.gradescope import staff_tests
 from harness.reports.prairielearn import JOB_LOG
 from harness.shared_tests.record import Test
 
@@ -52,6 +57,15 @@ TOP_FILES = ("pyproject.toml", "README.md", "CONTRACT.md")
 VENV = "/opt/xfmr-oracle/venv"  # setup.sh's default; XFMR_VENV changes it
 TORCH = "torch==2.13.0"
 BASE_IMAGE = "ubuntu:24.04"  # PrairieLearn's image (its python3 is 3.12)
+IMAGE_REPOSITORY = "xfmr-grader"  # the image's repository under the course's namespace
+
+# a Docker image reference as `docker build -t` takes it, with a namespace (registry host and
+# port optional; path components of lowercase letters and digits joined by ., _, __ or dashes;
+# an optional tag): distribution/reference's grammar, less digests
+_COMPONENT = r"[a-z0-9]+(?:(?:\.|_|__|-+)[a-z0-9]+)*"
+IMAGE_NAME = re.compile(
+    rf"(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?{_COMPONENT}(?:/{_COMPONENT})+(?::[\w][\w.-]{{0,127}})?"
+)
 
 
 @dataclass(frozen=True)
@@ -184,11 +198,12 @@ case "$TIER" in
 esac
 status=$?
 {after}if [ ! -s "$RESULTS/results.json" ]; then  # the grader could not even report: say so
-    MSG="NOT GRADED: the autograder failed before it could report (status $status); this is "
-    MSG+="not a verdict on your code, and its score of 0 stands only until course staff "
-    MSG+="regrade it."
-    MSG+="\\nCourse staff: {log} says why; fix it, then regrade."
-    printf '{fallback}\n' "$MSG" > "$RESULTS/results.json"
+    MSG="NOT GRADED: the autograder failed before it could report; this is not a verdict on "
+    MSG+="your code, and its score of 0 stands only until course staff regrade it."
+    STAFF="Course staff: the grade ended with status $status and left no results.json; {log} "
+    STAFF+="says why; fix it, then regrade."
+    echo "$STAFF"
+    printf {fallback} {fallback_args} > "$RESULTS/results.json"
 fi
 echo "xfmr grade exit status: $status (0 all passed, 1 some failed or rejected, 2 not graded," \
     "3 grader error)"
@@ -234,15 +249,18 @@ README = """# xfmr-oracle {version}: a PrairieLearn external-grader question
 Built by `xfmr autograder prairielearn`. `image/` is the grader image's build context;
 `questions/{qid}/` is the question.
 
-1. Build the image and push it where PrairieLearn pulls from (Docker Hub; then sync it on the
-   course's sync page). The build downloads bubblewrap and Python (Ubuntu's archive), the CPU
-   build of torch (download.pytorch.org) and the project's dependencies (PyPI):
+1. Build the image and push it where PrairieLearn pulls from (Docker Hub, under a namespace
+   the course owns: `docker login` as it; then sync it on the course's sync page). The build
+   downloads bubblewrap and Python (Ubuntu's archive), the CPU build of torch
+   (download.pytorch.org) and the project's dependencies (PyPI):
 
        docker build -t {image} image && docker push {image}
 
 2. Copy `questions/{qid}` into the course's `questions/` and add it to an assessment, with the
    points you choose: results.json's score is the fraction earned of the {count} tests'
-   {total:g} points.
+   {total:g} points. Its UUID is made from the course's name ({course!r}) and the QID: build
+   it again with the same two and it is the same question; another course gets its own.
+   Students upload `transformer.py` and any modules of their own beside it (`*.py`).
 3. `info.json`: image `{image}`, entrypoint `{entry}`, timeout {timeout} s (PrairieLearn's
    most is 600). The grader is all in the image: no serverFilesCourse, no tests/ folder.
 4. Try it first, on this machine: `xfmr autograder try DIR transformer.py` (a simulated
@@ -252,17 +270,20 @@ run.sh proves the isolation tier at the start of every job (the sandbox where bu
 start in the container, else the container tier as the user `{user}`) and always writes
 `/grade/results/results.json`: a grade; a rejection (the code does not parse or load: not
 gradable, no attempt charged, the reason as a format error); a refusal when no tier works
-("NOT GRADED", each tier's reason for staff); a grader fault ("GRADER ERROR": not the
-student's; the grading job's output says what broke: fix it, rebuild, then regrade).
+("NOT GRADED"); a grader fault ("GRADER ERROR": not the student's; fix it, rebuild, then
+regrade). A student sees all of results.json, so what is staff's (each tier's reason, what
+broke, an isolation that lacks limits) is only in the grading job's output, on the job's page
+(instructors only), in lines that begin "Course staff:".
 """
 
 QUESTION_HTML = """<pl-question-panel>
   <p>
     Upload your <code>transformer.py</code>: the encoder-decoder Transformer of the assignment's
-    contract. It is graded by the {count} shared tests of xfmr-oracle {version} ({total:g}
-    points), each against a float64 oracle, your code isolated from the grader.
+    contract, and any modules of your own beside it that it imports (<code>.py</code> files). It
+    is graded by the {count} shared tests of xfmr-oracle {version} ({total:g} points), each
+    against a float64 oracle, your code isolated from the grader.
   </p>
-  <pl-file-upload file-names="transformer.py"></pl-file-upload>
+  <pl-file-upload file-names="transformer.py" optional-file-patterns="*.py"></pl-file-upload>
 </pl-question-panel>
 
 <pl-submission-panel>
@@ -350,16 +371,21 @@ def scripts(platform: Platform, args: argparse.Namespace) -> dict[str, str]:
             "probe": "",
             "report": '--gradescope "$RESULTS/results.json"',
             "refuse": f"{visibilities} {tests}".strip(),
-            "fallback": json.dumps(
-                {
-                    "score": 0.0,
-                    "output": "%s",
-                    "output_format": "text",
-                    "tests": [],
-                    "visibility": args.visibility,
-                    "stdout_visibility": args.stdout_visibility,
-                }
+            # the student's message, and staff's in the hidden test (harness.reports.gradescope)
+            "fallback": shlex.quote(
+                json.dumps(
+                    {
+                        "score": 0.0,
+                        "output": "%s",
+                        "output_format": "text",
+                        "tests": staff_tests(["%s"]),
+                        "visibility": args.visibility,
+                        "stdout_visibility": args.stdout_visibility,
+                    }
+                )
+                + "\\n"
             ),
+            "fallback_args": '"$MSG" "$STAFF"',
         }
         if reveal:
             fill["options"] += " " + GRADE_JSON
@@ -375,9 +401,14 @@ def scripts(platform: Platform, args: argparse.Namespace) -> dict[str, str]:
             f"ran in another)\nrun {probe}\n",
             "report": GRADE_JSON,
             "refuse": f"--format prairielearn {tests}".strip(),
-            "fallback": json.dumps(
-                {"gradable": False, "score": 0.0, "message": "%s", "output": "", "tests": []}
+            # the student's message only: staff's is on the job's output, above
+            "fallback": shlex.quote(
+                json.dumps(
+                    {"gradable": False, "score": 0.0, "message": "%s", "output": "", "tests": []}
+                )
+                + "\\n"
             ),
+            "fallback_args": '"$MSG"',
         }
         fill["after"] = CONVERT.format(**fill)
     setup = SETUP_SH.format(**fill)
@@ -426,10 +457,37 @@ def gradescope_zip(args: argparse.Namespace, tests: Sequence[Test]) -> bytes:
     return data.getvalue()
 
 
+def image_of(course: str, image: str | None) -> tuple[str, str]:
+    """The grader image's name: `image` if given, else NAMESPACE/xfmr-grader:VERSION with the
+    course's letters and digits, lowercased, as its Docker Hub namespace (4 to 30 of them, Docker
+    Hub's rule); and the problem ("" if none)."""
+    if image is not None:
+        if not IMAGE_NAME.fullmatch(image):
+            return image, (
+                f"--image {image!r} is not a Docker image name with a namespace (e.g. "
+                f"your-org/{IMAGE_REPOSITORY}:1, a repository your course pushes to)"
+            )
+        return image, ""
+    namespace = re.sub(r"[^a-z0-9]", "", course.lower())
+    if not 4 <= len(namespace) <= 30:
+        return "", (
+            f"--course {course!r} gives no Docker Hub namespace ({namespace!r}: 4 to 30 letters "
+            "and digits): name the image with --image NAMESPACE/NAME:TAG, a repository your "
+            "course pushes to"
+        )
+    return f"{namespace}/{IMAGE_REPOSITORY}:{version('xfmr-oracle')}", ""
+
+
+def question_uuid(course: str, qid: str) -> str:
+    """The question's UUID: the same for a course's question at every build (PrairieLearn keys
+    its submissions by it), and another for another course or another QID."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"xfmr-oracle/course/{course}/question/{qid}"))
+
+
 def info_json(args: argparse.Namespace) -> dict[str, Any]:
     """The question's info.json: external grading by the image, run.sh as its entry point."""
     return {
-        "uuid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"xfmr-oracle/{args.qid}")),
+        "uuid": question_uuid(args.course, args.qid),
         "title": "Transformer (xfmr-oracle)",
         "topic": "Transformer",
         "tags": ["xfmr-oracle", "code"],
@@ -460,6 +518,7 @@ def prairielearn_files(
         "qid": args.qid,
         "timeout": args.timeout,
         "user": args.user,
+        "course": args.course,
     }
     grader = PRAIRIELEARN.source.lstrip("/")
     question = f"questions/{args.qid}"

@@ -6,7 +6,8 @@ once into an image folder, cached under the cache folder by the files' hash and 
 variant; each try runs one job (run_autograder; run.sh) in a fresh throwaway copy of that image,
 in the simulated container (harness.jobs.simulated_container: bubblewrap as root, Docker's
 restrictions by default), as root, the submission where the platform puts it; then prints the
-results.json as the student sees it, with the wall times of the build and the job.
+results.json as the student sees it, with the wall times of the build and the job, then what only
+staff see (Gradescope's hidden tests; PrairieLearn's job output).
 """
 
 from __future__ import annotations
@@ -235,8 +236,9 @@ def _cut(text: str, lines: int = SHOWN_LINES) -> list[str]:
 
 def student_view(platform: Platform, data: dict[str, Any]) -> str:
     """results.json as the student's page shows it: the score, the summary, each test's points
-    and output (shortened: SHOWN_LINES lines of SHOWN_WIDTH characters)."""
-    tests = data.get("tests", [])
+    and output (shortened: SHOWN_LINES lines of SHOWN_WIDTH characters); a test Gradescope never
+    shows a student (visibility hidden) is left out (staff_view shows it)."""
+    tests = [t for t in data.get("tests", []) if t.get("visibility", "visible") != "hidden"]
     if platform is GRADESCOPE:
         most = sum(float(t.get("max_score", 0)) for t in tests)
         lines = [f"Score: {data['score']:g}/{most:g}"]
@@ -268,6 +270,22 @@ def student_view(platform: Platform, data: dict[str, Any]) -> str:
         if status != "passed" and words:
             lines += [f"{'':17}{line}" for line in _cut(words)]
     return "\n".join(lines)
+
+
+def staff_view(platform: Platform, data: dict[str, Any], output: str) -> str:
+    """What staff read and the student does not ("" if nothing): Gradescope's hidden tests; on
+    PrairieLearn, the job output's "Course staff:" lines (its job page is instructors' only)."""
+    if platform is GRADESCOPE:
+        said = [
+            f"{t.get('name', '')}:\n" + "\n".join(f"  {line}" for line in _cut(t["output"], 12))
+            for t in data.get("tests", [])
+            if t.get("visibility") == "hidden" and t.get("output")
+        ]
+        where = "hidden from the student"
+    else:
+        said = [line for line in output.splitlines() if line.startswith("Course staff:")]
+        where = f"in {PRAIRIELEARN.log}, not in results.json"
+    return f"Staff only ({where}):\n" + "\n".join(said) if said else ""
 
 
 # --- the command --------------------------------------------------------------------------------
@@ -360,6 +378,9 @@ def run_try(args: argparse.Namespace) -> int:
     data = json.loads(done.results)
     print()
     print(student_view(platform, data))
+    if staff := staff_view(platform, data, done.ran.output):
+        print()
+        print(staff)
     if args.results:
         write_all("autograder try", [(args.results, lambda: data)])
     return 0

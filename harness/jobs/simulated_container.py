@@ -6,10 +6,13 @@ scripts, run as root; the isolation tier their scripts prove, with its nested bu
 user switch, rlimits and kills.
 
 What is simulated: the container is bubblewrap run as root (a tmpfs root with this machine's /usr,
-/bin and /lib read-only, a writable copy of /etc, its own pid, ipc and uts namespaces, a 1777
-/tmp, tmpfs /var and /root), not Docker; and the installs the platform's build would download
+/bin and /lib read-only, a writable copy of /etc, its own pid, ipc, uts and network namespaces, a
+1777 /tmp, tmpfs /var and /root), not Docker; and the installs the platform's build would download
 (apt-get: bubblewrap, python3.11; pip: torch, the project) are skipped (XFMR_SKIP_INSTALL=1):
-this machine's interpreter and venv are bound read-only at VENV instead. Two variants:
+this machine's interpreter and venv are bound read-only at VENV instead. Its network is its own,
+as a Docker container's is: a loopback of its own, up (bubblewrap brings it up), and no route
+out, so nothing listening on the staff machine's 127.0.0.1 (a Dask scheduler, a notebook, a dev
+server) is reachable from a job. Two variants:
 
 - "docker": Docker's defaults imitated: /proc mounted by bwrap with /proc/sys, /proc/irq,
   /proc/bus and /proc/sysrq-trigger covered (a masked /proc: a nested proc mount is refused),
@@ -117,6 +120,7 @@ def new_image(image: Path) -> tuple[Path, Path]:
 
 def _args(variant: str, image: Path, out: Path) -> tuple[list[str], tuple[int, ...]]:
     args = ["bwrap", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "grader"]
+    args += ["--unshare-net"]  # a network of its own: its own loopback, nothing of this machine's
     args += ["--ro-bind", "/usr", "/usr", "--bind", str(image / "etc"), "/etc", "--dev", "/dev"]
     for top in ("/bin", "/sbin", "/lib", "/lib64", "/lib32"):
         if os.path.islink(top):

@@ -6,6 +6,13 @@ Gradescope's format: https://gradescope-autograders.readthedocs.io/en/latest/spe
 `score` is required unless every test has one; `visibility` is one of hidden, after_due_date,
 after_published, visible). A refusal is a valid results.json with a score of 0, never a missing
 file: a missing one shows every student "The autograder failed to execute correctly".
+
+What is meant for staff (the isolation line when it is not plainly a tier's: UNSAFE, LIMITS
+MISSING, SWEEP FAILED; why nothing was graded; where a grader fault's traceback is) never reaches
+a field a student can see: it is one extra test of 0 points whose visibility is "hidden" (the
+specification's "test case will never be shown to students"; staff see it on the submission's
+results), and the autograder's stdout (staff's; `stdout_visibility` hidden by default). A student
+reads only the summary: the tests passed, the rejection, NOT GRADED or GRADER ERROR.
 """
 
 from __future__ import annotations
@@ -27,6 +34,12 @@ STAFF_FAULT = (
     "your code, and its score of 0 stands only until course staff regrade it."
 )
 
+# where Gradescope's staff read the autograder's own output
+LOG = "the autograder's output (stdout)"
+
+# the one test a student never sees: the grader's notes for staff (0 points)
+STAFF_ONLY = "Course staff only: the grader's notes (hidden from students)"
+
 
 class Recorded(Protocol):  # a shared test's record (harness.shared_tests.record.Test, frozen)
     @property
@@ -43,37 +56,70 @@ def refusal(
     visibility: str = "visible",
     stdout_visibility: str = "hidden",
 ) -> dict[str, Any]:
-    """results.json when nothing could run: score 0, each test not run, and what staff must do."""
+    """results.json when nothing could run: score 0, each test not run; what staff must do (`why`)
+    only in the hidden staff test."""
     return {
         "score": 0.0,
         "execution_time": 0,
-        "output": f"{NOT_GRADED}\nCourse staff: {why}",
+        "output": NOT_GRADED,
         "output_format": "text",
         "visibility": visibility,
         "stdout_visibility": stdout_visibility,
         "tests": [
-            {
-                "name": t.name,
-                "score": 0.0,
-                "max_score": float(t.points),
-                "status": "failed",
-                "output": "not run: the autograder could not isolate the submission",
-                "output_format": "text",
-                "visibility": t.visibility,
-            }
-            for t in tests
+            *(
+                {
+                    "name": t.name,
+                    "score": 0.0,
+                    "max_score": float(t.points),
+                    "status": "failed",
+                    "output": "not run: the autograder could not isolate the submission",
+                    "output_format": "text",
+                    "visibility": t.visibility,
+                }
+                for t in tests
+            ),
+            *staff_tests([f"Course staff: {why}"]),
         ],
     }
 
 
-def summary(g: Grade, log: str = "the autograder's output (stdout)") -> str:
-    """What a student reads first: the tests passed, the rejection, or a grader fault (whose
-    traceback is in `log`, for staff)."""
+def staff_tests(notes: Sequence[str]) -> list[dict[str, Any]]:
+    """The hidden test of 0 points holding staff's notes ([] when there are none)."""
+    if not notes:
+        return []
+    return [
+        {
+            "name": STAFF_ONLY,
+            "score": 0.0,
+            "max_score": 0.0,
+            "status": "passed",  # 0 of 0: it takes nothing and reveals nothing
+            "output": "\n".join(notes),
+            "output_format": "text",
+            "visibility": "hidden",
+        }
+    ]
+
+
+def staff_notes(g: Grade, log: str = LOG) -> list[str]:
+    """What staff must know of a grade and a student must not read: the isolation line when it
+    is not plainly a tier's (UNSAFE, LIMITS MISSING, SWEEP FAILED), and where a grader fault's
+    traceback is (`log`) and what to do."""
+    notes = []
+    if g.isolation not in (SANDBOX, CONTAINER):
+        notes.append(f"Course staff: isolation: {g.isolation}")
     if g.error:
-        return (
-            f"{STAFF_FAULT}\nCourse staff: {log} has the traceback; fix the cause or report it, "
-            "then regrade this submission (xfmr grade exit status 3)."
+        notes.append(
+            f"Course staff: {log} has the grader's traceback; fix the cause or report it, then "
+            "regrade this submission (xfmr grade exit status 3)."
         )
+    return notes
+
+
+def summary(g: Grade) -> str:
+    """What a student reads first: the tests passed, the rejection, or a grader fault (its
+    traceback and what to do are staff's: staff_notes)."""
+    if g.error:
+        return STAFF_FAULT
     return g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
 
 
@@ -82,12 +128,11 @@ def gradescope(
 ) -> dict[str, Any]:
     """A grade's results.json (score, execution_time, output, visibility, stdout_visibility,
     tests[] each with its own visibility from the test's record): always a top-level score, 0 for
-    a rejection or a grader fault (whose output tells staff what to do)."""
+    a rejection or a grader fault; staff's notes (staff_notes) in one more test, hidden."""
     return {
         "score": g.score,
         "execution_time": round(g.seconds, 2),
-        # the isolation whenever it is not plainly a tier's: UNSAFE, LIMITS MISSING, SWEEP FAILED
-        "output": summary(g) + ("" if g.isolation in (SANDBOX, CONTAINER) else f"\n{g.isolation}"),
+        "output": summary(g),
         "output_format": "text",
         "visibility": visibility,
         "stdout_visibility": stdout_visibility,
@@ -102,7 +147,8 @@ def gradescope(
                 "visibility": t.visibility,
             }
             for t in g.tests
-        ],
+        ]
+        + staff_tests(staff_notes(g)),
     }
 
 

@@ -10,7 +10,13 @@ awarded or lost, no attempt charged; `format_errors` says why a submission is in
 be a number even when not gradable (PrairieLearn's makeGradingResult), so ours always has one.
 
 What a student reads here is what Gradescope's results.json tells them (the same summary, the
-same NOT GRADED and GRADER ERROR wording, harness.reports.gradescope).
+same NOT GRADED and GRADER ERROR wording, harness.reports.gradescope). PrairieLearn has no field
+of results.json that a student cannot see (the results element renders it, and the format has no
+visibility), so what is staff's (staff_notes: the isolation line when it is not plainly a tier's,
+why nothing was graded, where a fault's traceback is) goes to the grading job's output alone: the
+job's page and its output.log are instructors' only (PrairieLearn's instructorGradingJob page).
+The autograder's steps print it there (harness.jobs.autograder: `prairielearn-results`,
+`refuse`).
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from harness.options import CONTAINER, SANDBOX
 from harness.records import Grade, TestResult
+from harness.reports import gradescope
 from harness.reports.gradescope import NOT_GRADED, STAFF_FAULT, Recorded, summary
 
 # where a PrairieLearn grading job's own output is: the grader's stdout, on the job's page
@@ -40,8 +46,8 @@ def _test(t: TestResult) -> dict[str, Any]:
 
 def not_graded(tests: Sequence[Recorded], message: str, why: str = "") -> dict[str, Any]:
     """results.json for a submission that was not graded: not gradable (no attempt charged),
-    score 0, each test at 0 of its points, and what staff must do; `why`, a rejection's reason,
-    is also its format error."""
+    score 0, each test at 0 of its points, and the student's `message`; `why`, a rejection's
+    reason, is also its format error."""
     data: dict[str, Any] = {
         "gradable": False,
         "score": 0.0,
@@ -64,27 +70,34 @@ def not_graded(tests: Sequence[Recorded], message: str, why: str = "") -> dict[s
     return data
 
 
-def refusal(tests: Sequence[Recorded], why: str) -> dict[str, Any]:
-    """results.json when nothing could run: not gradable, and what staff must do."""
-    return not_graded(tests, f"{NOT_GRADED}\nCourse staff: {why}")
+def refusal(tests: Sequence[Recorded]) -> dict[str, Any]:
+    """results.json when nothing could run: not gradable, NOT GRADED (why, for staff, goes to the
+    job's output)."""
+    return not_graded(tests, NOT_GRADED)
 
 
-def fault(tests: Sequence[Recorded], what: str) -> dict[str, Any]:
-    """results.json when the grader broke before it could report (`what`: how, for staff)."""
-    return not_graded(tests, f"{STAFF_FAULT}\nCourse staff: {what}; fix it, then regrade.")
+def fault(tests: Sequence[Recorded]) -> dict[str, Any]:
+    """results.json when the grader broke before it could report (how, for staff, goes to the
+    job's output)."""
+    return not_graded(tests, STAFF_FAULT)
+
+
+def staff_notes(g: Grade) -> list[str]:
+    """What staff must know of a grade, for the job's output (harness.reports.gradescope's)."""
+    return gradescope.staff_notes(g, JOB_LOG)
 
 
 def prairielearn(g: Grade) -> dict[str, Any]:
     """A grade's results.json: its score as a fraction of the points; a rejection (the code does
-    not load: PrairieLearn's invalid submission) or a grader fault is not gradable."""
+    not load: PrairieLearn's invalid submission) or a grader fault is not gradable. Nothing of
+    staff_notes is in it."""
     if g.error or g.rejected:
-        data = not_graded([], summary(g, JOB_LOG), g.rejected)
+        data = not_graded([], summary(g), g.rejected)
         return data | {"tests": [_test(t) for t in g.tests]}
-    isolated = g.isolation in (SANDBOX, CONTAINER)
     return {
         "gradable": True,
         "score": g.score / g.max_score if g.max_score > 0 else 0.0,
-        "message": summary(g, JOB_LOG),
-        "output": f"{g.score:g}/{g.max_score:g} points" + ("" if isolated else f"\n{g.isolation}"),
+        "message": summary(g),
+        "output": f"{g.score:g}/{g.max_score:g} points",
         "tests": [_test(t) for t in g.tests],
     }

@@ -19,6 +19,7 @@ from harness.analysis import PASS_SCORE, REQUIRED, Score
 from harness.options import SANDBOX
 from harness.outcomes import Outcome
 from harness.reports import matrix as reports
+from harness.reports.gradescope import staff_tests
 from mutants import catalog, generated_catalog
 
 Z90 = 1.6448536269514722  # the standard normal's 95th percentile: a two-sided 90% interval
@@ -261,8 +262,11 @@ def gradescope(s: Score, generated_visibility: str = "visible") -> dict[str, Any
     summary = (
         f"Mutation score {s.score:.2f} ({len(s.killed)}/{len(catalog.PITFALLS)}): {verdict}"
         + (f"; INVALID: {s.invalid}" if s.invalid else "")
-        + (f"\n{s.isolation}" if s.isolation and s.isolation != SANDBOX else "")
     )
+    # the isolation when it is not plainly the sandbox's (LIMITS MISSING, UNSAFE) is staff's:
+    # in a hidden test only (harness.reports.gradescope)
+    if s.isolation and s.isolation != SANDBOX:
+        tests += staff_tests([f"Course staff: isolation: {s.isolation}"])
     return {
         "score": float(len(s.killed)) if not s.invalid else 0.0,
         "execution_time": round(s.run.wall_seconds, 2),

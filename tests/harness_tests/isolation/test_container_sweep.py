@@ -195,7 +195,9 @@ def test_a_failed_final_sweep_is_said_in_every_report_and_the_grade_stands(
     assert said in g.isolation
     assert said in grade_report.text(g)
     assert said in json.dumps(grade_report.to_json(g))
-    assert said in gradescope(g)["output"]
+    results = gradescope(g)  # staff's: in the hidden test, never in what the student reads
+    assert said not in results["output"] and said in results["tests"][-1]["output"]
+    assert results["tests"][-1]["visibility"] == "hidden"
 
 
 # --- the whole tier, in the simulated Gradescope container (slow: CI runs it) -----------------

@@ -355,7 +355,12 @@ def test_without_a_sandbox_grading_refuses_unless_told_it_is_unsafe(tmp_path):
     report = tmp_path / "results.json"
     done = cli(*args, "--unsafe-no-sandbox", "--gradescope", str(report), env=env)
     assert done.returncode == 0, done.stderr
-    assert "UNSAFE" in done.stdout and "UNSAFE" in json.loads(report.read_text())["output"]
+    results = json.loads(report.read_text())  # UNSAFE is staff's: the hidden test, not output
+    assert "UNSAFE" in done.stdout and "UNSAFE" not in results["output"]
+    assert (
+        "UNSAFE" in results["tests"][-1]["output"]
+        and results["tests"][-1]["visibility"] == "hidden"
+    )
 
 
 def test_planted_results_never_stand_in_for_the_report(tmp_path):

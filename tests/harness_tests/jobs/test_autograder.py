@@ -236,8 +236,14 @@ def tried(tmp_path: Path, capsys, zipped: Path, submission: Path) -> tuple[dict,
     assert "XFMR_SKIP_INSTALL=1" in out and "isolation tier container" in out, out
     most = sum(t["max_score"] for t in data["tests"])
     assert f"Score: {data['score']:g}/{most:g}" in out, out
+    student, staff = out.split("\nStaff only (hidden from the student):\n") + [""] * (
+        "Staff only" not in out
+    )
     for t in data["tests"]:
-        assert f"{t['score']:g}/{t['max_score']:g}  {t['name']}" in out, (t["name"], out)
+        shown = f"{t['score']:g}/{t['max_score']:g}  {t['name']}" in student
+        assert shown is (t["visibility"] != "hidden"), (t["name"], out)
+        if t["visibility"] == "hidden":  # staff's notes: after the student's view, apart
+            assert t["name"] in staff and t["output"].splitlines()[0][:120] in staff, out
     return data, out
 
 
@@ -322,8 +328,11 @@ def test_no_isolation_is_a_valid_results_json_that_tells_staff(tmp_path, capsys)
     results = json.loads(report.read_text())
     valid(results)
     assert results["score"] == 0 and results["output"].startswith("NOT GRADED")
-    assert "Course staff: refusing to run untrusted code: the container tier" in results["output"]
-    assert [t["max_score"] for t in results["tests"]] == [float(t.points) for t in SHARED_TESTS]
+    assert "Course staff" not in results["output"]  # staff's words are in a hidden test only
+    *tests, staff = results["tests"]
+    assert staff["visibility"] == "hidden" and staff["max_score"] == 0, staff
+    assert "Course staff: refusing to run untrusted code: the container tier" in staff["output"]
+    assert [t["max_score"] for t in tests] == [float(t.points) for t in SHARED_TESTS]
 
 
 def test_the_refusal_of_run_autograder_reads_setups_reasons(tmp_path):
@@ -334,4 +343,9 @@ def test_the_refusal_of_run_autograder_reads_setups_reasons(tmp_path):
     assert main([*argv, "--tests", "test_hand_example_noam"]) == 2
     results = json.loads(report.read_text())
     valid(results)
-    assert results["score"] == 0 and "X; container: cannot be set up: Y" in results["output"]
+    assert results["score"] == 0 and results["output"].startswith("NOT GRADED"), results
+    staff = results["tests"][-1]
+    assert (
+        staff["visibility"] == "hidden" and "X; container: cannot be set up: Y" in staff["output"]
+    )
+    assert "cannot be set up" not in results["output"]

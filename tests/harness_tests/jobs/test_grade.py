@@ -314,10 +314,12 @@ def test_a_grader_fault_exits_3_and_its_results_json_says_so_with_score_0(tmp_pa
     argv = ["grade", str(ROOT / "impl" / "torch_copy.py"), "--gradescope", str(report)]
     assert main([*argv, "--tests", "test_hand_example_noam"]) == 3
     data = json.loads(report.read_text())
-    # Gradescope's specification wants a score: 0, and an output that tells staff what to do
+    # Gradescope's specification wants a score: 0; what staff must do is in a hidden test only
     assert "GRADER ERROR" in data["output"] and data["score"] == 0
-    assert "Course staff" in data["output"] and "regrade" in data["output"]
-    assert all(t["score"] == 0 for t in data["tests"])
+    *tests, staff = data["tests"]
+    assert "Course staff" not in data["output"] and staff["visibility"] == "hidden"
+    assert "Course staff" in staff["output"] and "regrade" in staff["output"]
+    assert all(t["score"] == 0 for t in tests)
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,11 @@ setsid daemon rewriting /grade/results/results.json), the correct example's whol
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import uuid
 import zipfile
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -65,9 +68,13 @@ def valid(results: dict) -> None:
 # --- without a container ----------------------------------------------------------------------
 
 
+COURSE = "CS 182 Fall 2026"
+
+
 def test_the_folder_is_a_grader_image_and_a_question(tmp_path, capsys):
     out = tmp_path / "pl"
-    assert main(["autograder", "prairielearn", "--out", str(out), "--image", "org/grader:1"]) == 0
+    argv = ["autograder", "prairielearn", "--out", str(out), "--course", COURSE]
+    assert main([*argv, "--image", "org/grader:1"]) == 0
     assert "docker build -t org/grader:1" in capsys.readouterr().out
     question = out / "questions" / QID
     info = json.loads((question / "info.json").read_text())
@@ -80,7 +87,8 @@ def test_the_folder_is_a_grader_image_and_a_question(tmp_path, capsys):
         "timeout": 600,
     }
     html = (question / "question.html").read_text()
-    assert '<pl-file-upload file-names="transformer.py">' in html
+    # transformer.py, and the student's own modules beside it, as on Gradescope
+    assert '<pl-file-upload file-names="transformer.py" optional-file-patterns="*.py">' in html
     assert "<pl-external-grader-results>" in html and "122 points" in " ".join(html.split())
     docker = (out / "image" / "Dockerfile").read_text()
     steps = [line.split()[:3] for line in docker.splitlines() if line and line[0] != "#"]
@@ -111,12 +119,55 @@ def test_the_folder_is_a_grader_image_and_a_question(tmp_path, capsys):
         == theirs[theirs.index(start) : theirs.index(end)]
     )
     # built again: replaced whole; a folder that is not ours: refused
-    assert main(["autograder", "prairielearn", "--out", str(out), "--tests", SUBSET]) == 0
+    assert main([*argv, "--tests", SUBSET]) == 0
     assert "--tests " + SUBSET in (grader / "run.sh").read_text()
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
-    assert main(["autograder", "prairielearn", "--out", str(tmp_path / "mine")]) == 2
+    mine = ["autograder", "prairielearn", "--out", str(tmp_path / "mine"), "--course", COURSE]
+    assert main(mine) == 2
     assert (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+
+
+def test_the_image_is_the_courses_and_the_uuid_its_question(tmp_path, capsys):
+    def built(*options: str) -> tuple[int, dict, str]:
+        out = tmp_path / "pl"
+        status = main(["autograder", "prairielearn", "--out", str(out), *options])
+        said = capsys.readouterr()
+        info = (
+            json.loads((out / "questions" / options[-1] / "info.json").read_text())
+            if (status == 0 and options[-2] == "--qid")
+            else {}
+        )
+        if out.exists():
+            shutil.rmtree(out)
+        return status, info, said.out + said.err
+
+    # no image name and no course: refused (no default pushes into a namespace nobody owns)
+    with pytest.raises(SystemExit) as refused:
+        main(["autograder", "prairielearn", "--out", str(tmp_path / "pl")])
+    assert refused.value.code == 2 and not (tmp_path / "pl").exists()
+    assert "the following arguments are required: --course" in capsys.readouterr().err
+    status, mine, said = built("--course", COURSE, "--qid", QID)
+    image = f"cs182fall2026/xfmr-grader:{version('xfmr-oracle')}"
+    assert status == 0 and mine["externalGradingOptions"]["image"] == image, (mine, said)
+    assert f"docker push {image}" in said and "'cs182fall2026' must be one your course" in said
+    assert "xfmr-oracle/grader" not in said
+    # the same course and question: the same UUID at every build; another: another
+    assert built("--course", COURSE, "--qid", QID)[1]["uuid"] == mine["uuid"]
+    theirs = built("--course", "ECE 408", "--qid", QID)[1]
+    other = built("--course", COURSE, "--qid", "xfmr-transformer-2")[1]
+    assert len({mine["uuid"], theirs["uuid"], other["uuid"]}) == 3
+    assert str(uuid.UUID(mine["uuid"])) == mine["uuid"]
+    assert theirs["externalGradingOptions"]["image"].startswith("ece408/")
+    # an image named: taken as it is; a name without a namespace, or no name: refused
+    named = built("--course", COURSE, "--image", "ghcr.io/cs182/grader:2", "--qid", QID)[1]
+    assert named["externalGradingOptions"]["image"] == "ghcr.io/cs182/grader:2"
+    assert named["uuid"] == mine["uuid"]
+    for bad in ("grader:1", "Org/Grader:1", "org/grader:"):
+        status, _, said = built("--course", COURSE, "--image", bad, "--qid", QID)
+        assert status == 2 and "not a Docker image name with a namespace" in said, (bad, said)
+    status, _, said = built("--course", "C1", "--qid", QID)  # too short a Docker Hub namespace
+    assert status == 2 and "--image" in said, said
 
 
 def _grade(**what: str) -> Grade:
@@ -142,7 +193,7 @@ def _converted(tmp_path: Path, report: dict | None, status: int) -> dict:
     return results
 
 
-def test_results_json_on_every_path(tmp_path):
+def test_results_json_on_every_path(tmp_path, capsys):
     """The grade's report in PrairieLearn's format, and each way a grade can fail to be one."""
     graded = _converted(tmp_path, to_json(_grade()), 1)
     points = [float(t.points) for t in SHARED_TESTS[:3]]
@@ -164,7 +215,8 @@ def test_results_json_on_every_path(tmp_path):
     refused = _converted(tmp_path, None, 2)
     assert refused["gradable"] is False and refused["message"].startswith("NOT GRADED")
     lost = _converted(tmp_path, None, 137)
-    assert lost["message"].startswith("GRADER ERROR") and "exit status 137" in lost["message"]
+    assert lost["message"].startswith("GRADER ERROR") and "137" not in lost["message"]
+    assert "left no report (exit status 137" in capsys.readouterr().out  # the job's output
     assert [t["max_points"] for t in lost["tests"]] == [
         float(BY_NAME[n].points) for n in SUBSET.split(",")
     ]
@@ -174,9 +226,10 @@ def test_results_json_on_every_path(tmp_path):
     assert main([*argv, "--format", "prairielearn"]) == 2
     results = json.loads((tmp_path / "r.json").read_text())
     valid(results)
-    assert (
-        results["gradable"] is False and "X; container: cannot be set up: Y" in results["message"]
-    )
+    assert results["gradable"] is False and results["message"].startswith("NOT GRADED")
+    # the reasons are staff's: on the job's output (instructors' only), not in results.json
+    assert "X; container: cannot be set up: Y" in capsys.readouterr().out
+    assert "cannot be set up" not in json.dumps(results)
 
 
 # --- in the simulated container -------------------------------------------------------------------
@@ -196,7 +249,8 @@ def _without_the_student(built: Path, copy: Path) -> Path:
 def pl_jobs(tmp_path: Path, variant: str, tests: str | None, names: list[str]) -> tuple:
     """The grader built (three tests, or all), its image, and a job for each named submission
     (submissions()); the image and the jobs."""
-    build(tmp_path / "pl", *(["--tests", tests] if tests else []), action="prairielearn")
+    options = ["--course", COURSE, *(["--tests", tests] if tests else [])]
+    build(tmp_path / "pl", *options, action="prairielearn")
     built = image(tmp_path / "pl", PRAIRIELEARN, variant, tmp_path / "cache", rebuild=False)
     assert built.build.status == 0, built.build.output
     made = submissions(tmp_path / "in", full=False)
@@ -223,9 +277,10 @@ def deserved(jobs: dict, expected: dict) -> None:
 @needs_the_simulation
 @pytest.mark.slow
 def test_every_path_in_a_simulated_prairielearn_container(tmp_path):
-    """Docker's restrictions (the container tier), three tests: a grade, a rejection, a refusal
-    (an image without the tier's user) and Python itself missing each leave a valid results.json."""
-    built, jobs = pl_jobs(tmp_path, "docker", SUBSET, ["correct", "syntax_error"])
+    """Docker's restrictions (the container tier), three tests: a grade (of transformer.py, and
+    of transformer.py with modules of the student's own beside it), a rejection, a refusal (an
+    image without the tier's user) and Python itself missing each leave a valid results.json."""
+    built, jobs = pl_jobs(tmp_path, "docker", SUBSET, ["correct", "syntax_error", "two_files"])
     correct = tmp_path / "in" / "correct"
     jobs["refusal"] = job(
         _without_the_student(built.folder, tmp_path / "no-user"), PRAIRIELEARN, "docker", correct
@@ -236,6 +291,8 @@ def test_every_path_in_a_simulated_prairielearn_container(tmp_path):
         jobs,
         {
             "correct": (True, 1.0, "3/3 tests passed"),
+            # transformer.py with the student's schedule.py and positions.py beside it
+            "two_files": (True, 1.0, "3/3 tests passed"),
             "syntax_error": (False, 0.0, "does not parse"),
             "refusal": (False, 0.0, "NOT GRADED"),
             "no_python": (False, 0.0, "NOT GRADED: the autograder failed before it could report"),
@@ -243,8 +300,10 @@ def test_every_path_in_a_simulated_prairielearn_container(tmp_path):
     )
     assert jobs["correct"].record.splitlines()[0] == "container", jobs["correct"].record
     assert jobs["refusal"].record.splitlines()[0] == "none", jobs["refusal"].record
-    refusal = json.loads(jobs["refusal"].results)["message"]
-    assert "container: cannot be set up: there is no user 'xfmr-student'" in refusal, refusal
+    # each tier's reason is staff's: on the job's output, not in what the student sees
+    refusal = jobs["refusal"]
+    reason = "container: cannot be set up: there is no user 'xfmr-student'"
+    assert reason in refusal.ran.output and reason not in refusal.results, refusal
     bad = json.loads(jobs["syntax_error"].results)
     assert "transformer.py line" in bad["format_errors"][0], bad
 

@@ -153,9 +153,15 @@ def one_test() -> list[TestResult]:
 def test_gradescope_says_limits_missing_but_not_a_plain_tier(tier):
     plain = gradescope(Grade("s.py", one_test(), "", {}, 1.0, tier))
     assert tier not in plain["output"]
+    assert len(plain["tests"]) == 1  # no staff notes, no staff test
+    # said to staff only: in the one hidden test (tests/harness_tests/reports/test_staff_only.py)
     missing = gradescope(Grade("s.py", one_test(), "", {}, 1.0, f"{tier}; {MISSING}"))
-    assert MISSING in missing["output"] and missing["output"].startswith("1/1 tests passed")
-    assert UNSAFE in gradescope(Grade("s.py", one_test(), "", {}, 1.0, UNSAFE))["output"]
+    assert MISSING not in missing["output"] and missing["output"] == "1/1 tests passed"
+    assert (
+        missing["tests"][-1]["visibility"] == "hidden" and MISSING in missing["tests"][-1]["output"]
+    )
+    unsafe = gradescope(Grade("s.py", one_test(), "", {}, 1.0, UNSAFE))
+    assert UNSAFE not in unsafe["output"] and UNSAFE in unsafe["tests"][-1]["output"]
 
 
 # --- 3. shipping and rejecting: lstat and count before reading --------------------------------
