@@ -57,6 +57,7 @@ from harness.shared_tests.diagnosis_faults import (
     norm_candidates,
     reads_memory,
 )
+from harness.shared_tests.diagnosis_variants import agrees, residual_after_norm
 from harness.shared_tests.inputs import forward_inputs, golden_inputs, golden_weights
 from harness.shared_tests.layout import TIME_FIRST, batch_first
 from harness.shared_tests.record import Call, Failure
@@ -125,10 +126,8 @@ def cause_in_layer(
         attn_mask = layer_args[2] if sub == "self_attn" else layer_args[3]
         sp = {k[len(sub) + 1 :]: v for k, v in p.items() if k.startswith(sub + ".")}
         causal = kind == "decoder" and sub == "self_attn"
-        for c in attention_candidates(own, kv, sp, attn_mask, spec.n_heads, causal):
-            for form in (c.value, own + c.value):
-                if relative(got, form, mask) <= tol:
-                    return c.cause
+        candidates = attention_candidates(own, kv, sp, attn_mask, spec.n_heads, causal)
+        return established(got, own, candidates, mask, tol)
     if sub == "linear2" and own is not None and f"{prefix}.linear1" in a.outputs:
         h1 = np.asarray(a.outputs[f"{prefix}.linear1"], dtype=np.float64)
         if relative(own, gelu(h1), mask) <= tol:
@@ -136,6 +135,19 @@ def cause_in_layer(
         if relative(own, h1, mask) <= tol:
             return "the feed-forward applies no activation between linear1 and linear2 (ReLU)"
     return ""
+
+
+def established(
+    got: np.ndarray, own: np.ndarray, candidates: list[Candidate], mask: np.ndarray, tol: float
+) -> str:
+    """The cause of the one known fault whose recomputed value (the attention, or x + it) the
+    module returns; none where no candidate fits or two different causes fit alike."""
+    causes = {
+        c.cause
+        for c in candidates
+        if any(agrees(got, form, mask, tol) for form in (c.value, own + c.value))
+    }
+    return causes.pop() if len(causes) == 1 else ""
 
 
 def judge_layer(
@@ -189,10 +201,18 @@ def judge_layer(
 
 
 def placement(a: Answer, kind: str, prefix: str, x: np.ndarray, args: tuple, mask) -> str:
-    """When the layer computes the other LayerNorm placement: that, said."""
+    """When the layer computes the other LayerNorm placement, or pre-LN with each residual
+    taken after the norm: that, said."""
     spec = a.params.spec
     if prefix not in a.outputs:
         return ""
+    if spec.norm == "pre":
+        after = residual_after_norm(kind, x, a.params.layer(prefix), args, spec)
+        if agrees(np.asarray(a.outputs[prefix]), after, mask, a.tol):
+            return (
+                f"the residual is taken after the norm: {prefix} computes LN(x) + F(LN(x)) in "
+                "each sublayer; pre-LN adds the sublayer to x itself, x + F(LN(x))"
+            )
     other = dataclasses.replace(spec, norm="post" if spec.norm == "pre" else "pre")
     p = a.params.layer(prefix)
     if kind == "encoder":

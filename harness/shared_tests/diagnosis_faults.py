@@ -1,8 +1,10 @@
 """The classic faults the diagnosis can name: at one boundary, as candidate values a module may
 return (a LayerNorm's variance or eps, the placement, a missing mask, the attention's scale, the
-embeddings' scale or table), and for a whole model, as hypotheses whose forward pass gives the
-subject's logits when nothing hooked locates the fault (eps, placement, GELU, no sqrt(d), a
-float32 positional table, log-probabilities, a final norm missing or one too many)."""
+embeddings' scale or table; the attention and LayerNorm faults students write, recomputed from
+the module's own input by harness.shared_tests.diagnosis_variants), and for a whole model, as
+hypotheses whose forward pass gives the subject's logits when nothing hooked locates the fault
+(eps, placement, GELU, no sqrt(d), a float32 positional table, log-probabilities, a final norm
+missing or one too many)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ from harness.shared_tests.diagnosis_answer import (
     Answer,
     Candidate,
     relative,
+)
+from harness.shared_tests.diagnosis_variants import (
+    attention_fault_candidates,
+    norm_fault_candidates,
 )
 from harness.shared_tests.verdicts import (
     unwrapped,
@@ -73,7 +79,7 @@ def norm_candidates(z: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: flo
                     "eps=cfg.ln_eps to every LayerNorm",
                 )
             )
-    return out
+    return out + norm_fault_candidates(z, gamma, beta, eps)
 
 
 def attention_candidates(
@@ -110,18 +116,7 @@ def attention_candidates(
                 "the decoder's self-attention masks padding but not the future",
             )
         )
-    scaled = {**p}
-    for name in ("q_proj.weight", "q_proj.bias"):
-        scaled[name] = p[name] / math.sqrt(
-            h
-        )  # scores / sqrt(d_model) = (Q / sqrt(h)) K^T / sqrt(d_k)
-    out.append(
-        Candidate(
-            "sqrt(d_model)",
-            multi_head_attention(q, kv, scaled, mask, h)[0],
-            "the scores are divided by sqrt(d_model), not sqrt(d_k) = sqrt(d_model / n_heads)",
-        )
-    )
+    out += attention_fault_candidates(q, kv, p, mask, h)
     return out
 
 
@@ -139,6 +134,11 @@ def embedding_causes(
     faults = [
         (lookups + pe, "the embeddings are not multiplied by sqrt(d_model)"),
         (lookups * math.sqrt(d), "no positional encoding is added"),
+        (
+            (lookups + pe) * math.sqrt(d),
+            "the positional encoding is scaled with the embeddings, (E[ids] + PE) * "
+            "sqrt(d_model): add PE after the scaling, E[ids] * sqrt(d_model) + PE",
+        ),
         (
             lookups * math.sqrt(d) + halves,
             "the positional table puts sin in the first half and cos in the second: "

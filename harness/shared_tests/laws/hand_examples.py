@@ -64,5 +64,20 @@ def check_hand_example_noam(call: Call) -> None:
         if not math.isclose(got, exp, rel_tol=1e-12):
             raise Failure(
                 f"noam_rate(step={s}, d_model={d}, warmup={w}, factor={f}) = {got!r}, "
-                f"expected {exp!r}"
+                f"expected {exp!r}{noam_cause(cases, rates)}"
             )
+
+
+def noam_cause(cases: list[tuple], rates: list) -> str:
+    """The off-by-one of the step, when every rate shows it: each step s >= 1 given the rate
+    of step s - 1 (the paper's update n = s, not s + 1), step 0 its own."""
+    shifted = [oracle.noam_rate(max(s - 1, 0), d, w, f) for s, d, w, f in cases]
+    if any(s >= 1 for s, *_ in cases) and all(
+        isinstance(got, float) and math.isclose(got, want, rel_tol=1e-12)
+        for got, want in zip(rates, shifted, strict=True)
+    ):
+        return (
+            "; every rate is the paper's at update n = step (from step 1 on): the contract's "
+            "step s is the paper's update n = s + 1 (step 0 is update 1)"
+        )
+    return ""
