@@ -3,10 +3,12 @@ through every entry point."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
 
+import oracle
 from harness.shared_tests.inputs import (
     BOS,
     EOS,
@@ -15,6 +17,7 @@ from harness.shared_tests.inputs import (
     config,
     contract_defaults,
     contract_shapes,
+    draw_seed,
     pushed_weights,
     tying,
 )
@@ -72,10 +75,28 @@ def check_parameter_names_follow_the_norm(call: Call) -> None:
                 f"{label}: names that are one tensor: {listing(pairs, 2)} ({len(shared)} names "
                 f"share another's storage){hint}"
             )
+    for cfg, found in zip(cfgs, call("state_dict_copies", cfgs=cfgs), strict=True):
+        if found["copies"]:
+            label = f"{cfg['norm']}-LN, {cfg['n_enc']}+{cfg['n_dec']} layers, tie {tying(cfg)}"
+            raise Failure(f"{label}: {copies_advice(found['copies'], found['unlisted'])}")
     post, pre = set(got_all[0]), set(got_all[1])
     added = {"enc_norm.weight", "enc_norm.bias", "dec_norm.weight", "dec_norm.bias"}
     if pre - post != added or post - pre:
         raise Failure(f"pre-LN adds {sorted(pre - post)} and drops {sorted(post - pre)}")
+
+
+def copies_advice(copies: list[str], unlisted: list[str]) -> str:
+    """What to change where the state_dict's entries are copies of the parameters."""
+    held = f" (no entry is {listing(unlisted, 3)} or a view of it)" if unlisted else ""
+    return (
+        f"the state_dict's {listing(copies, 3)} ({len(copies)} of its entries) are copies of "
+        f"the model's parameters, not the parameters{held}: the state_dict holds exactly the "
+        "named parameters, so weights loaded by its names must be the ones the optimizer "
+        "updates. A state_dict hook may rename a parameter or hand out a view of one (a slice "
+        "of a fused projection: w[i * d:(i + 1) * d]), never a copy (.clone(), torch.cat, "
+        ".contiguous() of a strided slice); or make each of the contract's names a parameter "
+        "of its own"
+    )
 
 
 def names_advice(cfg: dict, missing: list[str], extra: list[str], buffers: list[str]) -> str:
@@ -199,49 +220,199 @@ def check_defaults_are_the_contracts(call: Call) -> None:
         raise Failure("; ".join(wrong))
 
 
-# how each function is called with its defaults left out: the parent's small model and inputs
+# How each function is called with its defaults left out (issue 49): on the parent's small model,
+# with inputs, a number of calls, which arguments each leaves out and the calls' order all drawn
+# from the run's secret, so that no history, count, calling frame or input tells the subject
+# which calls are judged: every call that leaves an argument out is.
 DEFAULTS_CFG = config(n_enc=1, n_dec=1)
-NOAM_CASES = [[1, 16, 4], [4, 16, 4], [9, 32, 3]]  # step, d_model, warmup: both sides of the peak
-CALLED = {  # what each pair of calls leaves out
-    "noam_rate": ["factor"],
-    "translate": ["beam_size and length_penalty", "length_penalty (beam_size=2)"],
-    "fit": ["warmup, factor, smoothing, lr, seed and callback"],
-}
+D_MODELS = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def _noam_inputs(rng: np.random.Generator, n: int) -> list[list[int]]:
+    """n (step, d_model, warmup) drawn on both sides of the peak."""
+    return [
+        [int(rng.integers(0, 2000)), int(rng.choice(D_MODELS)), int(rng.integers(1, 4001))]
+        for _ in range(n)
+    ]
+
+
+def noam_calls(rng: np.random.Generator) -> tuple[list[list[int]], list[dict[str, Any]]]:
+    """noam_rate's inputs and calls: some inputs called both ways (a factor given, of 1.0 or
+    not, and left out), some only with it left out; at least four calls leave it out."""
+    both, alone = int(rng.integers(3, 6)), int(rng.integers(2, 4))
+    cases = _noam_inputs(rng, both + alone)
+    calls = []
+    for i in range(both + alone):
+        for _ in range(int(rng.integers(1, 3))):
+            calls.append({"f": "noam_rate", "case": i, "kw": {}})
+        if i < both:
+            for _ in range(int(rng.integers(1, 3))):
+                factor = float(rng.choice([1.0, 1.0, 0.5, 2.0]))
+                calls.append({"f": "noam_rate", "case": i, "kw": {"factor": factor}})
+    return cases, calls
+
+
+def defaults_plan(
+    defaults: dict[str, dict[str, Any]],
+) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """This run's inputs for omitted_defaults, its calls in their order, and translate's max_len.
+    translate and fit are each called first giving every default (a first call unlike the later
+    ones is no fault of the defaults), then in a drawn order: each call gives its function's
+    defaults or leaves a drawn set of them out (translate's beam_size given 1 to 3 where only the
+    length penalty is left out), and each way of calling is also made twice giving them all (a
+    control: a function that does not repeat itself is not judged here)."""
+    rng = np.random.default_rng(draw_seed("defaults plan"))
+    noam, calls = noam_calls(rng)
+    sources, fits = [], []
+    for _ in range(2):
+        rows = int(rng.integers(2, 5))
+        lens = rng.integers(2, 8, size=(2, rows)).tolist()
+        b = batch(rng, DEFAULTS_CFG, src_lens=lens[0], tgt_lens=lens[1])
+        sources.append(b["src"])
+        tgt = np.concatenate([b["tgt_in"], b["tgt_out"][:, -1:]], axis=1)
+        fits.append({"src": b["src"], "tgt": tgt, "pad_id": PAD})
+    tr, fit = defaults["translate"], defaults["fit"]
+    firsts = [
+        {"f": "translate", "case": 0, "kw": dict(tr)},
+        {"f": "fit", "case": 0, "kw": dict(fit)},
+    ]
+    for i in range(len(sources)):
+        beam = int(rng.integers(1, 4))
+        ways: list[tuple[dict, dict]] = [({}, dict(tr))]  # (left out, the same given)
+        ways.append(({"beam_size": beam}, {**tr, "beam_size": beam}))
+        ways.append(({"length_penalty": tr["length_penalty"]}, dict(tr)))
+        for kw, given in ways:
+            for _ in range(int(rng.integers(1, 3))):
+                calls.append({"f": "translate", "case": i, "kw": kw})
+            calls += [{"f": "translate", "case": i, "kw": given}] * 2
+        names = sorted(fit)
+        calls.append({"f": "fit", "case": i, "kw": {}})  # every argument left out once
+        for _ in range(int(rng.integers(0, 2))):
+            kept = [n for n in names if rng.random() < 0.5]
+            if len(kept) == len(names):
+                kept.pop(int(rng.integers(len(kept))))
+            calls.append({"f": "fit", "case": i, "kw": {n: fit[n] for n in kept}})
+        calls += [{"f": "fit", "case": i, "kw": dict(fit)}] * 2
+    order = rng.permutation(len(calls))
+    inputs = {"noam_rate": noam, "translate": sources, "fit": fits}
+    return inputs, firsts + [calls[i] for i in order], int(rng.integers(4, 9))
 
 
 def defaults_in_effect(call: Call, defaults: dict[str, dict[str, Any]]) -> list[str]:
     """What each contract function does with its defaulted arguments left out, against the
-    same call giving the contract's defaults: the faults found, as messages."""
-    rng = np.random.default_rng(11)
-    b = batch(rng, DEFAULTS_CFG, src_lens=[6, 4, 5, 3], tgt_lens=[5, 3, 4, 6])
-    tgt = np.concatenate([b["tgt_in"], b["tgt_out"][:, -1:]], axis=1)
+    oracle with the contract's defaults (noam_rate) or the same call giving them (translate,
+    fit): the faults found, as messages. noam_rate is called once more through the hand
+    example's probe, on inputs and in an order of their own."""
+    inputs, calls, max_len = defaults_plan(defaults)
     r = call(
         "omitted_defaults",
         cfg=DEFAULTS_CFG,
         weights=pushed_weights(call, [DEFAULTS_CFG], "defaults")[0],
-        data={"src": b["src"], "tgt": tgt, "pad_id": PAD},
+        inputs=inputs,
         bos=BOS,
         eos=EOS,
-        max_len=6,
-        rates=NOAM_CASES,
-        explicit={f: defaults[f] for f in CALLED},
+        pad_id=PAD,
+        max_len=max_len,
+        calls=calls,
     )
-    wrong = []
-    for f, what in CALLED.items():
-        for left_out, (omitted, given, again) in zip(what, r[f], strict=True):
-            if "raised" in given or "raised" in again or not same(given["value"], again["value"]):
-                continue  # the call fails, or does not repeat itself: that function's tests say so
-            if "raised" in omitted:
-                wrong.append(
-                    f"{f}() with {left_out} left out raised {omitted['raised']}: "
-                    f"{omitted['message']!r} (no default in effect)"
-                )
-            elif not same(omitted["value"], given["value"]):
-                wrong.append(
-                    f"{f}() with {left_out} left out does not do what it does given the "
-                    "contract's defaults: the defaults in effect are not the contract's"
-                )
+    if not isinstance(r, list) or len(r) != len(calls):
+        raise Failure("the calls leaving the defaults out gave no result for each call")
+    wrong: list[str] = []
+    noam = [(c, got) for c, got in zip(calls, r, strict=True) if c["f"] == "noam_rate"]
+    raised = [(c, got) for c, got in noam if "raised" in got and not c["kw"]]
+    if raised:
+        c, got = raised[0]
+        wrong.append(
+            f"noam_rate() with factor left out raised {got['raised']}: {got['message']!r} (no "
+            "default in effect)"
+        )
+    else:
+        wrong += noam_wrong(inputs["noam_rate"], [c for c, _ in noam], [g for _, g in noam])
+    if not wrong:  # once more on inputs of its own, through the hand example's probe
+        cases, more = noam_calls(np.random.default_rng(draw_seed("defaults noam")))
+        listed = [cases[c["case"]] + ([c["kw"]["factor"]] if c["kw"] else []) for c in more]
+        rates = call("noam_rates", cases=listed)
+        if not isinstance(rates, list) or len(rates) != len(listed):
+            raise Failure("noam_rate's calls gave no rate for each call")
+        wrong += noam_wrong(cases, more, [{"value": x} for x in rates])
+    for f in ("translate", "fit"):
+        wrong += called_alike(f, defaults[f], calls, r)
     return wrong
+
+
+def noam_wrong(cases: list, calls: list[dict], results: list[dict]) -> list[str]:
+    """noam_rate's calls against the oracle: a message for those leaving `factor` out that miss
+    the contract's rate, where every call giving it is right (else the hand example's test
+    charges the formula)."""
+    checked = []
+    for c, got in zip(calls, results, strict=True):
+        step, d, w = cases[c["case"]]
+        want = oracle.noam_rate(step, d, w, c["kw"].get("factor", 1.0))
+        value = got.get("value") if isinstance(got, dict) else None
+        ok = isinstance(value, float) and math.isclose(value, want, rel_tol=1e-12)
+        checked.append((bool(c["kw"]), ok, (step, d, w), value, want))
+    if not all(ok for given, ok, *_ in checked if given):
+        return []
+    off = [x for x in checked if not x[0] and not x[1]]
+    if not off:
+        return []
+    _, _, (step, d, w), rate, want = off[0]
+    ratio = f" ({rate / want:.4g} times it)" if isinstance(rate, float) else ""
+    left = sum(1 for given, *_ in checked if not given)
+    return [
+        f"noam_rate(step={step}, d_model={d}, warmup={w}) with factor left out = {rate!r}, "
+        f"expected {want!r}{ratio}, the rate at the contract's factor=1.0 ({len(off)} of {left} "
+        "calls leaving it out were off): the default in effect is not the contract's"
+    ]
+
+
+def called_alike(
+    f: str, defaults: dict[str, Any], calls: list[dict], results: list[dict]
+) -> list[str]:
+    """f's calls leaving defaults out against the calls giving them, by input and by what the
+    given arguments make of the rest: a message for the first that differs or raises, where
+    every call giving them agrees with the others (else f's own tests say so)."""
+    groups: dict[tuple, list[tuple[dict, dict]]] = {}
+    for c, got in zip(calls, results, strict=True):
+        if c["f"] == f:
+            key = (c["case"], tuple(sorted((k, repr(v)) for k, v in c["kw"].items())))
+            groups.setdefault(key, []).append((c, got))
+    full = set(defaults)
+    wrong = []
+    for (case, _), members in sorted(groups.items(), key=lambda kv: repr(kv[0])):
+        given = dict(members[0][0]["kw"])
+        if set(given) != full:
+            continue  # the calls leaving some out: judged against the group giving them all
+        for (case2, _), others in groups.items():
+            left = sorted(full - set(others[0][0]["kw"]))
+            same_rest = all(given[k] == v for k, v in others[0][0]["kw"].items())
+            defaulted = all(given[k] == defaults[k] for k in left)
+            if case2 != case or not left or not same_rest or not defaulted:
+                continue
+            controls = [g for _, g in members]
+            if any("raised" in g for g in controls) or not all(
+                same(g["value"], controls[0]["value"]) for g in controls
+            ):
+                continue  # the call fails, or does not repeat itself: f's tests say so
+            left = [k for k in defaults if k in left]  # in the contract's order
+            said = ", ".join(left[:-1]) + " and " + left[-1] if len(left) > 1 else left[0]
+            what = f"{f}() with {said} left out"
+            if others[0][0]["kw"]:
+                shown = ", ".join(f"{k}={v!r}" for k, v in sorted(others[0][0]["kw"].items()))
+                what += f" ({shown} given)"
+            for _, got in others:
+                if "raised" in got:
+                    wrong.append(
+                        f"{what} raised {got['raised']}: {got['message']!r} (no default in effect)"
+                    )
+                    break
+                if not same(got["value"], controls[0]["value"]):
+                    wrong.append(
+                        f"{what} does not do what it does given the contract's defaults: the "
+                        "defaults in effect are not the contract's"
+                    )
+                    break
+    return wrong[:1]
 
 
 def same(a: Any, b: Any) -> bool:

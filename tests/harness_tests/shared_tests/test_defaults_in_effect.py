@@ -58,7 +58,9 @@ def noam_rate(step, d_model, warmup, factor=None):
 
 noam_rate.__signature__ = _inspect.signature(_noam)
 """
-    with pytest.raises(Failure, match=r"noam_rate\(\) with factor left out does not do what"):
+    # judged against the oracle at the contract's factor=1.0, at drawn inputs
+    left_out = r"noam_rate\(step=\d+, d_model=\d+, warmup=\d+\) with factor left out = .*2 times"
+    with pytest.raises(Failure, match=left_out):
         check(subject(lying))
 
 
@@ -72,7 +74,7 @@ def fit(model, src, tgt, steps, batch, pad_id, warmup=None, **kw):
 
 fit.__signature__ = _inspect.signature(_fit)
 """
-    with pytest.raises(Failure, match=r"fit\(\) with warmup, factor, smoothing.* left out"):
+    with pytest.raises(Failure, match=r"fit\(\) with warmup\b.* left out"):
         check(subject(lying))
 
 
@@ -80,7 +82,8 @@ def test_a_missing_default_is_named():
     old = "    beam_size: int = 1,\n    length_penalty: float = 1.0,\n"
     assert SOURCE.count(old) == 1
     module = subject(old=old, new="    beam_size: int,\n    length_penalty: float = 1.0,\n")
-    with pytest.raises(Failure, match=r"translate\(\) with beam_size and length_penalty left out"):
+    missing = r"translate\(\) with beam_size( and length_penalty)? left out.* raised TypeError"
+    with pytest.raises(Failure, match=missing):
         check(module)
 
 

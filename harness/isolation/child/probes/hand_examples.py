@@ -22,5 +22,6 @@ def loss_example(module, logits, targets, eps, pad_id) -> dict[str, Any]:
 
 @probe
 def noam_rates(module, cases) -> list[float]:
-    """noam_rate(step, d_model, warmup, factor) for each case."""
-    return [float(module.noam_rate(s, d, w, f)) for s, d, w, f in cases]
+    """noam_rate(step, d_model, warmup, factor) for each case, in order; a case of three numbers
+    leaves `factor` out (the contract's default is then in effect)."""
+    return [float(module.noam_rate(*case)) for case in cases]

@@ -10,9 +10,11 @@ import torch
 
 from harness.isolation.child.probes.base import (
     build,
+    parameter_views,
     parameters_by_name,
     persistent_buffers,
     probe,
+    state_tensors,
     tensor_of,
 )
 
@@ -53,49 +55,42 @@ def _attempt(fn: Callable[[], Any]) -> dict[str, Any]:
 
 
 @probe
-def omitted_defaults(module, cfg, weights, data, bos, eos, max_len, rates, explicit):
-    """Each contract function with defaults called on the parent's inputs leaving every
-    defaulted argument out, between two calls giving `explicit` (the contract's defaults, by
-    name).
-    noam_rate over `rates`; translate with the parent's weights (beam and penalty left out, then
-    the penalty alone, under beam 2); fit from the parent's weights, its losses and the weights
-    it leaves. The global random state is seeded alike before each call, so the calls differ
-    only by the arguments left out."""
+def omitted_defaults(module, cfg, weights, inputs, bos, eos, pad_id, max_len, calls):
+    """Each of `calls`, in the parent's order: {"f": "noam_rate", "translate" or "fit", "case":
+    an index into inputs[f], "kw": the arguments given by name}; every defaulted argument not in
+    "kw" is left out. noam_rate(*inputs["noam_rate"][case]) (step, d_model, warmup); translate
+    with the parent's weights on inputs["translate"][case] (a source padded with pad_id); fit
+    from the parent's weights on inputs["fit"][case] ({"src", "tgt", "pad_id"}): its losses and
+    the weights it leaves. The global random state is seeded alike before each call, so that
+    calls differ only by what they give. Each result, in order: {"value": ...} or {"raised",
+    "message"}."""
     model, _ = build(module, cfg, weights=weights)
     init = {name: t.clone() for name, t in model.state_dict().items()}
-    src, tgt, pad = tensor_of(data["src"]), tensor_of(data["tgt"]), data["pad_id"]
-    noam, tr, fit = explicit["noam_rate"], explicit["translate"], explicit["fit"]
 
-    def rate_list(**kw: Any) -> list[float]:
-        return [float(module.noam_rate(*case, **kw)) for case in rates]
+    def rate(case: list, **kw: Any) -> float:
+        return float(module.noam_rate(*case, **kw))
 
-    def translated(**kw: Any) -> list[list[int]]:
+    def translated(case: Any, **kw: Any) -> list[list[int]]:
+        model.load_state_dict(init)  # the parent's weights, whatever fit made of them
         model.eval()
-        torch.manual_seed(0)  # the same draws for both calls: randomness in eval is another law's
-        out = module.translate(model, src, bos, eos, pad, max_len, **kw)
+        torch.manual_seed(0)  # the same draws for every call: randomness in eval is another law's
+        out = module.translate(model, tensor_of(case), bos, eos, pad_id, max_len, **kw)
         return [[int(tok) for tok in row] for row in out]
 
-    def fitted(**kw: Any) -> dict[str, Any]:
+    def fitted(case: dict, **kw: Any) -> dict[str, Any]:
         model.load_state_dict(init)
         model.train()
         torch.manual_seed(0)
-        losses = module.fit(model, src, tgt, steps=2, batch=2, pad_id=pad, **kw)
+        src, tgt = tensor_of(case["src"]), tensor_of(case["tgt"])
+        losses = module.fit(model, src, tgt, steps=2, batch=2, pad_id=case["pad_id"], **kw)
         return {"losses": [float(x) for x in losses], "weights": parameters_by_name(model)}
 
-    def calls(run: Callable[..., Any], left_out: dict, given: dict) -> list[dict[str, Any]]:
-        # the call leaving the defaults out between two giving them: a control, so that a
-        # function that does not repeat itself (a first call unlike the later ones included) is
-        # not taken for one whose defaults differ; returned as [left out, given, given again]
-        given_first = _attempt(lambda: run(**given))
-        omitted = _attempt(lambda: run(**left_out))
-        return [omitted, given_first, _attempt(lambda: run(**given))]
-
-    beam = {"beam_size": 2}
-    return {
-        "noam_rate": [calls(rate_list, {}, noam)],
-        "translate": [calls(translated, {}, tr), calls(translated, beam, {**tr, **beam})],
-        "fit": [calls(fitted, {}, fit)],
-    }
+    runs = {"noam_rate": rate, "translate": translated, "fit": fitted}
+    out = []
+    for c in calls:
+        case = inputs[c["f"]][c["case"]]
+        out.append(_attempt(lambda run=runs[c["f"]], case=case, kw=c["kw"]: run(case, **kw)))
+    return out
 
 
 @probe
@@ -105,6 +100,23 @@ def state_dict_shapes(module, cfgs) -> list[dict[str, list[int]]]:
     for cfg in cfgs:
         model = module.Transformer(module.TransformerConfig(**cfg))
         out.append({name: list(t.shape) for name, t in model.state_dict().items()})
+    return out
+
+
+@probe
+def state_dict_copies(module, cfgs) -> list[dict[str, list[str]]]:
+    """For each config, the state_dict's parameter entries that are copies ("copies": neither a
+    parameter nor a view of one, as a hook that clones or concatenates hands out), and the
+    named parameters no entry is or views ("unlisted", by named_parameters name)."""
+    out = []
+    for cfg in cfgs:
+        model = module.Transformer(module.TransformerConfig(**cfg))
+        views = parameter_views(model)
+        state = state_tensors(model)
+        copies = [k for k, t in state.items() if t.is_floating_point() and k not in views]
+        reached = {id(p) for _, p in views.values()}
+        unlisted = [n for n, p in model.named_parameters() if id(p) not in reached]
+        out.append({"copies": copies, "unlisted": unlisted})
     return out
 
 
