@@ -82,7 +82,8 @@ def grade(
     if apart is None:
         apart = tests_apart(one_user=tier.one_user and not unsafe)
     workers = sandboxed(limits, unsafe, isolation)
-    with Grading(path, tests, mode, workers, time_limit) as g:
+    proof = f"{mode}; {limits}"  # the environment the workers are proven in (harness.canary)
+    with Grading(path, tests, mode, workers, time_limit, proof) as g:
         return g.grade(apart)
 
 
