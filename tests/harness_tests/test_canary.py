@@ -146,22 +146,21 @@ _SITE = textwrap.dedent(
 )
 
 
+def _xfmr(folder: Path, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    """`xfmr ARGV --tests` two quick shared tests, in `folder`, with a canary cache of its own."""
+    env = dict(os.environ, **env, **{canary.CACHE: str(folder / "cache")})
+    tests = ["--tests", "test_golden_torch,test_hand_example_noam"]
+    command = [sys.executable, "-m", "harness", *argv, *tests]
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=folder, timeout=300)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RLIMIT_AS is Linux's")
 def test_a_worker_that_maps_gigabytes_at_start_still_grades(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(_SITE)
-    env = dict(os.environ, PYTHONPATH=str(site), **{canary.CACHE: str(tmp_path / "cache")})
-    tests = "test_golden_torch,test_hand_example_noam"
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", "check", str(CORRECT), "--tests", tests],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    done = _xfmr(tmp_path, "check", str(CORRECT), PYTHONPATH=str(site))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Score: 20/20" in done.stdout, done.stdout
 
@@ -170,16 +169,7 @@ def test_a_worker_that_maps_gigabytes_at_start_still_grades(tmp_path):
 def test_workers_that_cannot_run_a_correct_model_are_a_grader_error(tmp_path):
     # 1 MiB of headroom: the worker cannot even map the submission's libraries; a correct
     # submission is not charged for it, and the grade says what to change
-    env = dict(os.environ, **{canary.CACHE: str(tmp_path / "cache")})
-    done = subprocess.run(
-        [sys.executable, "-m", "harness", "grade", str(CORRECT), "--memory-mb", "1"]
-        + ["--tests", "test_golden_torch,test_hand_example_noam", "--json", "g.json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=tmp_path,
-        timeout=300,
-    )
+    done = _xfmr(tmp_path, "grade", str(CORRECT), "--memory-mb", "1", "--json", "g.json")
     assert done.returncode == 3, done.stdout + done.stderr
     assert "GRADER ERROR" in done.stdout and "--memory-mb" in done.stdout, done.stdout
     assert "nothing was charged" in done.stdout
