@@ -1,9 +1,10 @@
 """How one submission is graded, whichever front end asks: `xfmr grade` and `grade-batch`
-(harness.jobs.grade, sandboxed workers), `xfmr check` and `pytest --xfmr` (harness.selfcheck,
-plain subprocesses). `Grading` is the one procedure: what is loaded of a path and what is
-rejected before anything of it runs, where its workers run (a `Workers` placement), the tests
-run as harness.engine.run.SubjectWorker runs them, the forward pass's diagnosis run once and
-said once, each test's line of the grade, and a grader error as every test's failure.
+(harness.jobs.grade, sandboxed workers), `xfmr check` and `pytest --xfmr`
+(harness.students.selfcheck, plain subprocesses). `Grading` is the one procedure: what is loaded
+of a path and what is rejected before anything of it runs, where its workers run (a `Workers`
+placement), the tests run as harness.engine.run.SubjectWorker runs them, the forward pass's
+diagnosis run once and said once, each test's line of the grade, and a grader error as every
+test's failure.
 """
 
 from __future__ import annotations

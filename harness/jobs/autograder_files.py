@@ -212,7 +212,7 @@ exit 0
 
 # --reveal-reference-after-pass (Gradescope; a course policy, off by default): the grade also
 # writes its JSON, and `xfmr diff` adds the student's code beside the reference to a full-score
-# results.json (harness.diff; it reads the submission's source, never runs it). Without it
+# results.json (harness.students.diff; it reads the submission's source, never runs it). Without it
 # nothing of impl reaches a results.json.
 REVEAL = """if [ -s "$RESULTS/grade.json" ]; then  # the reference, after a full score
     run diff {submission} --grade "$RESULTS/grade.json" \\
