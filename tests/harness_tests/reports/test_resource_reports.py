@@ -313,7 +313,7 @@ def every_report(s, tests_dir: Path) -> dict[str, str]:
     return {
         "text": score_report.text(s, str(tests_dir)),
         "json": json.dumps(score_report.to_json(s)),
-        "gradescope": score_report.gradescope(s)["output"],
+        "gradescope": json.dumps(score_report.gradescope(s)),  # staff notes in a hidden test
         "stryker": json.dumps(score_report.stryker(s, str(tests_dir))),
     }
 
