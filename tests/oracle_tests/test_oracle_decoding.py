@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_oracle_cases import (
+from oracle_cases import (
     make_batch,
     make_model,
     max_abs,

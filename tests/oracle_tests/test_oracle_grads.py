@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from test_oracle_cases import (
+from oracle_cases import (
     CASE_IDS,
     CASES,
     copy_of,

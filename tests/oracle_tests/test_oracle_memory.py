@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
-from test_oracle_cases import make_batch, make_model
+from oracle_cases import make_batch, make_model
 
 import oracle
 from oracle.grads import backward, forward_for_grads

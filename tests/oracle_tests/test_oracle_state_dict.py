@@ -7,14 +7,14 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from safetensors.numpy import save_file
-from test_oracle_cases import (
+from oracle_cases import (
     CASE_IDS,
     CASES,
     copy_of,
     make_batch,
     make_model,
 )
+from safetensors.numpy import save_file
 
 import oracle
 from impl import transformer as impl
