@@ -15,13 +15,16 @@ STREAM_REPLY), which bounds the grader's own memory whatever a worker writes (GR
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import secrets
 import select
 import signal
+import sys
 import tempfile
 import time
+import unicodedata
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -78,11 +81,30 @@ _ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
 
 
+@functools.cache
+def _invisible() -> re.Pattern[str]:
+    """Unicode's format characters (category Cf: the bidi controls U+202A-202E, U+2066-2069,
+    U+200E/200F and U+061C that reorder what staff read, the zero-width ones U+200B-200D, U+2060
+    and U+FEFF, the tag characters, ...) and the line and paragraph separators U+2028/2029 that
+    some viewers break a line at. Built once, from the running Python's Unicode tables."""
+    found = [c for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf"]
+    found += [0x2028, 0x2029]
+    return re.compile("[" + "".join(re.escape(chr(c)) for c in sorted(found)) + "]")
+
+
+def _shown(char: str) -> str:
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
 def printable(text: str) -> str:
     """Untrusted text made safe for every report and terminal: escape sequences dropped, other
-    control characters shown as \\xNN (so nothing is silently lost)."""
+    control characters shown as \\xNN, format characters (bidi controls, zero-width ones) and
+    line/paragraph separators as \\uXXXX (\\UXXXXXXXX above U+FFFF), so nothing is silently lost
+    or reordered. What it returns holds none of them, so a second call changes nothing."""
     text = _ANSI.sub("", str(text))
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _invisible().sub(lambda m: _shown(m.group()), text)
 
 
 class WorkerDied(Exception):

@@ -44,23 +44,23 @@ def text(g: Grade) -> str:
     if g.isolation != SANDBOX:
         lines += [g.isolation, ""]
     if g.rejected:
-        lines += [g.rejected, ""]
-    width = max(len(t.name) for t in g.tests)
+        lines += [printable(g.rejected), ""]
+    width = max(len(printable(t.name)) for t in g.tests)
     for t in g.tests:
         mark = "PASS" if t.passed else t.outcome.value.upper()
-        lines.append(
-            f"  {mark:<8} {t.name:<{width}}  {t.score:g}/{t.max_score:g}  {t.seconds:6.2f} s"
-        )
+        name = printable(t.name)
+        points = f"{t.score:g}/{t.max_score:g}"
+        lines.append(f"  {mark:<8} {name:<{width}}  {points}  {t.seconds:6.2f} s")
     failures = [t for t in g.tests if not t.passed and not g.rejected]
     if failures and g.error and len({t.message for t in failures}) == 1:
         # the grader's own failure, the same for every test: said once
         lines += ["", "Why (every test):"]
-        lines += [f"  {line}" for line in failures[0].message.splitlines()[:8]]
+        lines += [f"  {line}" for line in printable(failures[0].message).splitlines()[:8]]
     elif failures:
         lines += ["", "Why:"]
         for t in failures:
-            lines.append(f"  {t.name} ({t.law})")
-            lines += [f"    {line}" for line in t.message.splitlines()[:8]]
+            lines.append(f"  {printable(t.name)} ({t.law})")
+            lines += [f"    {line}" for line in printable(t.message).splitlines()[:8]]
     passed = f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
     if g.error:  # nothing the grader could not judge is charged
         score = f"Score: none: a grader error, nothing was charged ({passed}) in {g.seconds:.1f} s"
@@ -180,7 +180,11 @@ def junit(g: Grade) -> str:
     )
     for t in g.tests:
         case = ET.SubElement(
-            suite, "testcase", classname="xfmr.shared_tests", name=t.name, time=f"{t.seconds:.3f}"
+            suite,
+            "testcase",
+            classname="xfmr.shared_tests",
+            name=printable(t.name),
+            time=f"{t.seconds:.3f}",
         )
         kind = _JUNIT.get(t.outcome)
         if kind == "skipped":

@@ -108,7 +108,14 @@ class Graded:
     def of(cls, g: Grade, report: str = "", page: str = "") -> Graded:
         """A grade as the tables read it (grade-batch's; summarize reads results files)."""
         lines = [
-            TestLine(t.name, t.passed, t.outcome.value, printable(t.message), t.score, t.max_score)
+            TestLine(
+                printable(t.name),
+                t.passed,
+                t.outcome.value,
+                printable(t.message),
+                t.score,
+                t.max_score,
+            )
             for t in g.tests
         ]
         name = Path(g.submission).name

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from harness.isolation.worker import printable
 from harness.options import CONTAINER, SANDBOX
 from harness.records import Grade
 
@@ -120,7 +121,7 @@ def summary(g: Grade) -> str:
     traceback and what to do are staff's: staff_notes)."""
     if g.error:
         return STAFF_FAULT
-    return g.rejected or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
+    return printable(g.rejected) or f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
 
 
 def gradescope(
@@ -138,11 +139,11 @@ def gradescope(
         "stdout_visibility": stdout_visibility,
         "tests": [
             {
-                "name": t.name,
+                "name": printable(t.name),
                 "score": t.score,
                 "max_score": t.max_score,
                 "status": "passed" if t.passed else "failed",
-                "output": t.message or t.law,
+                "output": printable(t.message) or t.law,
                 "output_format": "text",
                 "visibility": t.visibility,
             }

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from harness.isolation.worker import printable
 from harness.records import Grade, TestResult
 from harness.reports import gradescope
 from harness.reports.gradescope import NOT_GRADED, STAFF_FAULT, Recorded, summary
@@ -35,11 +36,11 @@ JOB_LOG = "the grading job's output (the submission's grading job page)"
 def _test(t: TestResult) -> dict[str, Any]:
     shown = t.visibility == "visible"  # PrairieLearn has no hidden tests: their words are withheld
     return {
-        "name": t.name,
+        "name": printable(t.name),
         "description": t.law if shown else "",
         "points": t.score,
         "max_points": t.max_score,
-        "message": (t.message if shown else "") or ("passed" if t.passed else "failed"),
+        "message": (printable(t.message) if shown else "") or ("passed" if t.passed else "failed"),
         "output": "",
     }
 
@@ -92,7 +93,7 @@ def prairielearn(g: Grade) -> dict[str, Any]:
     not load: PrairieLearn's invalid submission) or a grader fault is not gradable. Nothing of
     staff_notes is in it."""
     if g.error or g.rejected:
-        data = not_graded([], summary(g), g.rejected)
+        data = not_graded([], summary(g), printable(g.rejected))
         return data | {"tests": [_test(t) for t in g.tests]}
     return {
         "gradable": True,

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.analysis import PASS_SCORE, REQUIRED, Score
+from harness.isolation.worker import printable
 from harness.options import SANDBOX
 from harness.outcomes import Outcome
 from harness.reports import matrix as reports
@@ -108,7 +109,7 @@ def generated_text(g: Generated) -> list[str]:
 
 def text(s: Score, tests_dir: str) -> str:
     lines = [
-        f"Mutation score of {tests_dir} ({len(s.tests)} tests, subject imported as "
+        f"Mutation score of {printable(tests_dir)} ({len(s.tests)} tests, subject imported as "
         f"{s.module_name} or the fixture `transformer`)",
     ]
     if s.isolation and s.isolation != SANDBOX:  # UNSAFE, a self-check, LIMITS MISSING
@@ -284,7 +285,7 @@ def stryker(s: Score, tests_dir: str) -> dict[str, Any]:
     files: dict[str, list[dict[str, str]]] = {}
     for t in s.tests:
         files.setdefault(t.split("::")[0], []).append({"id": t, "name": t})
-    folder = Path(tests_dir).name  # relative paths only: the suite's own folder name
+    folder = printable(Path(tests_dir).name)  # relative paths only: the suite's own folder name
     data["testFiles"] = {f"{folder}/{f}": {"tests": ts} for f, ts in files.items()}
     data["framework"] = {"name": "xfmr mutation-score (pytest)"}
     if s.isolation:

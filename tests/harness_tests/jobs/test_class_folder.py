@@ -54,6 +54,7 @@ ADVERSARIAL = [
     "...",
     "~",
     "\u202eyp.txt",
+    "\u2066a\u200b.py",  # an isolate and a zero-width space
     "x\udcff",  # an undecodable byte, as os.listdir gives it
     "x\xff",
     "日本語" * 28,  # 252 bytes of UTF-8: a long stem

@@ -1,11 +1,16 @@
 """Reports opened by staff obey no student text: CSV cells are never formulas (OWASP's CSV
-injection), and student text is escaped in the HTML and Markdown reports."""
+injection), student text is escaped in the HTML and Markdown reports, and no bidi, zero-width or
+other format character of a subject's text reaches any report (terminal, HTML, CSV, JUnit,
+Gradescope, PrairieLearn) unescaped."""
 
 import csv
 import io
+import json
 import shutil
 import subprocess
 import sys
+import unicodedata
+import xml.etree.ElementTree as ET
 from dataclasses import replace
 from html.parser import HTMLParser
 from pathlib import Path
@@ -14,10 +19,15 @@ import pandas as pd
 import pytest
 
 from harness.analysis import summarize
+from harness.isolation.worker import printable
 from harness.outcomes import Outcome
-from harness.records import Cell, SuiteRun
+from harness.records import Cell, Grade, SuiteRun, TestResult
+from harness.reports import class_report
+from harness.reports import grade as grade_report
 from harness.reports import grades as tables
 from harness.reports import matrix as reports
+from harness.reports.gradescope import gradescope
+from harness.reports.prairielearn import prairielearn
 from harness.reports.safe import FORMULA_START, csv_cell, markdown_cell, to_csv
 from harness.shared_tests.laws import BY_NAME
 from harness.subjects import Kind, Subject
@@ -247,3 +257,133 @@ def test_the_batch_markdown_escapes_file_names_and_messages():
     assert [len(r) for r in rows] == [6] * 4 + [5] * 3
     assert "<script" not in text and "<img" not in text and "<b>" not in text
     assert markdown_cell(STUDENT) in text
+
+
+# --- invisible characters: bidi controls, zero-width ones, separators ----------------------------
+
+# U+202E (right-to-left override) makes "eve\u202egnp.py" read as "eveyp.png"; U+2066 (left-to-right
+# isolate) and U+200B (zero-width space) are as invisible. Each is shown as its \uXXXX everywhere.
+RLO, LRI, ZWSP = "\u202e", "\u2066", "\u200b"
+BIDI_NAME = f"eve{RLO}gnp{LRI}x{ZWSP}.py"
+BIDI_MESSAGE = f"expected 1.0{RLO}, got 2.0{LRI} at{ZWSP} encoder.0"
+BIDI_TEST = f"test_mine{RLO}_reversed"  # a test name, as a student's suite could name one
+SHOWN = ("\\u202e", "\\u2066", "\\u200b")
+
+
+def invisible(text: str) -> list[str]:
+    """The format characters (Cf) and line/paragraph separators left in `text`."""
+    return [c for c in text if unicodedata.category(c) in ("Cf", "Zl", "Zp")]
+
+
+def every_string(value) -> list[str]:
+    """Every key and string value of decoded JSON, however deep."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (*every_string(k), *every_string(v))]
+    if isinstance(value, list):
+        return [s for v in value for s in every_string(v)]
+    return []
+
+
+def shown_escaped(text: str) -> None:
+    assert not invisible(text), invisible(text)
+    assert all(s in text for s in SHOWN), text
+
+
+def bidi_grade(rejected: str = "") -> Grade:
+    """A grade of a submission named with bidi and zero-width characters, whose failed tests'
+    messages (and one test's name) carry them too."""
+    noam, said = BY_NAME["test_hand_example_noam"], rejected or BIDI_MESSAGE
+    tests = [
+        TestResult(noam.name, noam.law, Outcome.KILLED, 0.0, 5.0, said, 0.1),
+        TestResult(BIDI_TEST, noam.law, Outcome.ERROR, 0.0, 5.0, said, 0.1),
+    ]
+    return Grade(f"/class/{BIDI_NAME}", tests, rejected)
+
+
+ALL_CF = "".join(chr(c) for c in range(sys.maxunicode + 1) if unicodedata.category(chr(c)) == "Cf")
+
+
+def test_printable_shows_every_format_character_and_separator_as_its_code():
+    assert printable(BIDI_NAME) == "eve\\u202egnp\\u2066x\\u200b.py"
+    for char in "\u200e\u200f\u061c\u2069\u2060\ufeff\u2028\u2029\u00ad":
+        assert printable(f"a{char}b") == f"a\\u{ord(char):04x}b"
+    assert printable("tag\U000e0041") == "tag\\U000e0041"  # above U+FFFF: eight digits
+    assert not invisible(printable(ALL_CF)) and len(ALL_CF) > 150
+    # controls keep their \xNN; ordinary text of any script is kept as written
+    assert printable("a\x07b\x1b[31mc") == "a\\x07bc"
+    for text in ("Zoë Ñúñez", "学生.py", "שלום.py", "مرحبا", "naïve café"):
+        assert printable(text) == text
+
+
+@pytest.mark.parametrize("text", [BIDI_NAME, BIDI_MESSAGE, ALL_CF, "a\x00\u202e\x1b[0mb", "\\u"])
+def test_printable_never_escapes_twice(text):
+    once = printable(text)
+    assert printable(once) == once  # what it returns holds nothing it escapes: idempotent
+
+
+def test_the_terminal_shows_invisible_characters_escaped():
+    g = bidi_grade()
+    shown_escaped(grade_report.text(g))  # xfmr grade's summary
+    rejected = grade_report.text(bidi_grade(rejected=f"rejected: {BIDI_MESSAGE}"))
+    shown_escaped(rejected)
+    rows = [tables.Graded.of(g), tables.Graded.of(bidi_grade(rejected=BIDI_MESSAGE))]
+    table = tables.summary_text(rows)  # grade-batch's and summarize's table
+    assert not invisible(table) and "eve\\u202egnp" in table and "\\u2066" in table
+
+
+def test_the_html_reports_show_invisible_characters_escaped(tmp_path):
+    g = bidi_grade()
+    rows = [tables.Graded.of(g, str(tmp_path / "eve.json"), str(tmp_path / "eve.html"))]
+    rows.append(tables.Graded.of(bidi_grade(rejected=BIDI_MESSAGE)))
+    rows.append(tables.Graded.not_graded(f"notes{RLO}fdp.py", "a .pdf file"))
+    page = class_report.html_report(rows, tmp_path)
+    shown_escaped(page)
+    assert "notes\\u202efdp.py" in page
+    own = class_report.student_page(rows[0], tmp_path, tmp_path / "report.html", None)
+    shown_escaped(own)
+    run = hostile_run()
+    run.cells[("test_hand_example_noam", STUDENT)] = Cell(Outcome.ERROR, BIDI_MESSAGE)
+    shown_escaped(reports.html_page(run, summarize(run)))  # the matrix's page
+
+
+def test_the_csv_and_markdown_reports_show_invisible_characters_escaped():
+    rows = [tables.Graded.of(bidi_grade()), tables.Graded.of(bidi_grade(rejected=BIDI_MESSAGE))]
+    text = to_csv(tables.batch_table(rows))  # grades.csv
+    shown_escaped(text)
+    cells = [c for row in csv.reader(io.StringIO(text)) for c in row]
+    assert "eve\\u202egnp\\u2066x\\u200b.py" in cells and BIDI_MESSAGE not in cells
+    assert not invisible(to_csv(tables.hardest(rows)))  # hardest_tests.csv
+    assert not invisible(tables.markdown(rows))
+
+
+def test_junit_shows_invisible_characters_escaped():
+    xml = grade_report.junit(bidi_grade())
+    assert not invisible(xml)
+    suite = ET.fromstring(xml.split("\n", 1)[1]).find("testsuite")
+    assert suite.get("name") == "xfmr grade eve\\u202egnp\\u2066x\\u200b.py"
+    names = [case.get("name") for case in suite.findall("testcase")]
+    assert names[1] == "test_mine\\u202e_reversed"
+    failure = suite.find("testcase/failure")
+    shown_escaped(failure.get("message"))
+    shown_escaped(failure.text)
+
+
+def test_gradescope_shows_invisible_characters_escaped():
+    for g in (bidi_grade(), bidi_grade(rejected=f"rejected: {BIDI_MESSAGE}")):
+        decoded = json.loads(json.dumps(gradescope(g)))  # what Gradescope shows, decoded
+        strings = every_string(decoded)
+        assert not any(invisible(s) for s in strings), strings
+        assert all(any(shown in s for s in strings) for shown in SHOWN)
+
+
+def test_prairielearn_shows_invisible_characters_escaped():
+    for g in (bidi_grade(), bidi_grade(rejected=f"rejected: {BIDI_MESSAGE}")):
+        decoded = json.loads(json.dumps(prairielearn(g)))
+        strings = every_string(decoded)
+        assert not any(invisible(s) for s in strings), strings
+        assert all(any(shown in s for s in strings) for shown in SHOWN)
+    graded = prairielearn(bidi_grade())
+    assert [t["name"] for t in graded["tests"]][1] == "test_mine\\u202e_reversed"
+    assert graded["tests"][0]["message"] == printable(BIDI_MESSAGE)
