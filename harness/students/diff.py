@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import copy
 import difflib
 import html
 import io
@@ -177,6 +178,37 @@ def code_lines(source: str) -> list[str]:
     return kept
 
 
+def header(source: str) -> tuple[str, int, int] | None:
+    """A definition's signature (a def's name, parameters, defaults and return annotation; a
+    class's name, bases and keywords) as its AST, layout aside, and the lines it spans in the
+    dedented source (first, last: 1-based, up to the line before the body); None when it cannot
+    be read (a split class's header alone that does not parse) or has no line of its own."""
+    try:
+        node = ast.parse(textwrap.dedent(source)).body[0]
+    except (SyntaxError, IndexError):
+        return None
+    if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return None
+    last = node.body[0].lineno - 1
+    if last < node.lineno:  # `def f(x): return x`: the body on the header's line
+        return None
+    bare = copy.copy(node)  # the signature alone: no body, no decorators (lines of their own)
+    bare.body, bare.decorator_list = [ast.Pass()], []
+    return ast.dump(bare), node.lineno, last
+
+
+def _same_headers(ref: str, mine: str) -> str:
+    """`mine` with its signature's lines written as the reference's where the two signatures
+    are the same AST (a def split over lines, other spacing, a trailing comma), so that layout
+    alone is no difference; `mine` unchanged otherwise."""
+    theirs, ours = header(ref), header(mine)
+    if theirs is None or ours is None or theirs[0] != ours[0]:
+        return mine
+    ref_lines, my_lines = textwrap.dedent(ref).splitlines(), textwrap.dedent(mine).splitlines()
+    spliced = my_lines[: ours[1] - 1] + ref_lines[theirs[1] - 1 : theirs[2]] + my_lines[ours[2] :]
+    return "\n".join(spliced)
+
+
 def _alike(a: Unit, b: Unit) -> float:
     """How alike two definitions' code is: difflib's ratio over their tokens."""
     return difflib.SequenceMatcher(None, _tokens(a.source), _tokens(b.source), False).ratio()
@@ -321,15 +353,14 @@ def _label(u: Unit | None, side: str) -> str:
 
 
 def _sides(ref: Unit | None, mine: Unit | None, as_written: bool) -> tuple[list[str], list[str]]:
-    """Both definitions' lines: as code (comments, docstrings and blank lines aside) or as
+    """Both definitions' lines: as code (comments, docstrings and blank lines aside; a
+    signature that is the reference's AST in another layout written as the reference's) or as
     written."""
-
-    def lines(u: Unit | None) -> list[str]:
-        if u is None:
-            return []
-        return u.source.splitlines() if as_written else code_lines(u.source)
-
-    return lines(ref), lines(mine)
+    if as_written:
+        return (ref.source.splitlines() if ref else []), (mine.source.splitlines() if mine else [])
+    if ref is None or mine is None:
+        return (code_lines(ref.source) if ref else []), (code_lines(mine.source) if mine else [])
+    return code_lines(ref.source), code_lines(_same_headers(ref.source, mine.source))
 
 
 def text(m: Matching, as_written: bool = False) -> str:

@@ -132,6 +132,63 @@ def test_the_reference_in_a_students_own_words_is_no_difference(tmp_path, capsys
     assert as_written[-1] == "reference"  # no "aside" when written as is
 
 
+def _flat_signature(text: str, start: str) -> str:
+    """`text` with the signature that begins with `start` written on one line."""
+    a = text.index(start)
+    b = text.index(":\n", text.index(") -> ", a))
+    flat = re.sub(r"\s*\n\s*", " ", text[a:b]).replace("( ", "(").replace(", )", ")")
+    return text[:a] + flat + text[b:]
+
+
+def test_a_signature_in_another_layout_is_no_difference(tmp_path, capsys):
+    # fit's signature on one line and decode_step's one parameter a line with a trailing
+    # comma: the same parameters and defaults, so every definition is the reference's
+    text = _flat_signature(IMPL.read_text(), "def fit(\n")
+    text = text.replace(
+        "        self, y_prev: Tensor, memory: Tensor, state: DecodeState\n",
+        "        self,\n        y_prev:Tensor,\n        memory: Tensor,\n"
+        "        state: DecodeState,\n",
+    )
+    mine = tmp_path / "transformer.py"
+    mine.write_text(text)
+    assert text != IMPL.read_text()
+    grade = _grade_json(tmp_path, mine)
+    assert main(["diff", str(mine), "--grade", str(grade)]) == 0
+    said = capsys.readouterr().out.rstrip().splitlines()
+    assert all(line.endswith(": identical") for line in said if line.startswith("== ")), said
+    # as written, the layout is what differs
+    assert main(["diff", str(mine), "--grade", str(grade), "--as-written"]) == 0
+    assert "== fit (contract)" in capsys.readouterr().out
+
+
+def test_a_signature_that_differs_in_a_default_still_differs(tmp_path, capsys):
+    # the flat layout aside, warmup's default differs: the diff shows both signatures
+    text = _flat_signature(IMPL.read_text(), "def fit(\n").replace(
+        "pad_id: int, warmup: int = 4000,", "pad_id: int, warmup: int = 400,"
+    )
+    mine = tmp_path / "transformer.py"
+    mine.write_text(text)
+    grade = _grade_json(tmp_path, mine)
+    assert main(["diff", str(mine), "--grade", str(grade)]) == 0
+    out = capsys.readouterr().out
+    assert "== fit (contract)\n" in out
+    assert "+def fit(model: Transformer, src: Tensor" in out and "warmup: int = 400," in out
+    assert "-    warmup: int = 4000," in out
+
+
+def test_headers_compare_by_ast():
+    one = "def f(a, b=1, *, c: int = 2) -> int:\n    return a\n"
+    spread = "def f(\n    a,\n    b = 1,\n    *,\n    c:int=2,\n)->int:\n    return a\n"
+    other = "def f(a, b=2, *, c: int = 2) -> int:\n    return a\n"
+    assert diff.header(one)[0] == diff.header(spread)[0] != diff.header(other)[0]
+    assert diff.header(spread)[1:] == (1, 6)
+    assert diff.header("def f(x): return x\n") is None  # no line of its own
+    assert (
+        diff.header("class A(B, metaclass=M):\n    x = 1\n")[0]
+        == diff.header("class A(\n    B,\n    metaclass = M,\n):\n    x = 1\n")[0]
+    )
+
+
 def test_code_lines_keep_code_and_strings_that_look_like_comments():
     source = (
         'def f(x):\n    """Doc\n    more."""\n\n'
