@@ -23,10 +23,17 @@ from pathlib import Path
 from harness import canary
 from harness.engine.run import Launch, SubjectWorker, run_subject_apart, unjudgeable
 from harness.isolation import container, tiers
-from harness.isolation.sandbox import Limits, UnsafeInput, staged
-from harness.isolation.staging import MAX_BYTES, MAX_ENTRIES, kind_problem, size_problem
+from harness.isolation.limits import Limits
+from harness.isolation.staging import (
+    MAX_BYTES,
+    MAX_ENTRIES,
+    UnsafeInput,
+    kind_problem,
+    size_problem,
+    staged,
+)
 from harness.isolation.static_check import check_submission
-from harness.isolation.tiers import starter
+from harness.isolation.tiers import Tier
 from harness.isolation.worker import (
     LOAD_TIMEOUT,
     NOT_IMPLEMENTED,
@@ -209,15 +216,15 @@ class Placement:
 Workers = Callable[[Path, "Path | None"], AbstractContextManager[Placement]]
 
 
-def sandboxed(limits: Limits, unsafe: bool = False, isolation: str = tiers.SANDBOX.name) -> Workers:
-    """A grade's workers: the submission staged, each worker in a sandbox of its own (or the
-    container tier's user; unsafe: forked, for trusted code only), the user's processes swept
-    when the grading ends (the container tier)."""
+def sandboxed(limits: Limits, tier: Tier = tiers.SANDBOX) -> Workers:
+    """A grade's workers: the submission staged, each worker started as `tier` starts it (a
+    sandbox of its own, the container tier's user; tiers.UNSAFE: forked, for trusted code only),
+    the user's processes swept when the grading ends (a one-user tier: the container's)."""
 
     @contextmanager
     def place(path: Path, folder: Path | None) -> Iterator[Placement]:
         with staged(staging(path, folder)) as stage:
-            start_worker, inside = starter(stage, limits, unsafe, isolation)
+            start_worker, inside = tier.start(stage, limits)
 
             def launch(s: Subject) -> Launch:
                 # the student's folder first on the worker's import path: its modules import
@@ -228,7 +235,7 @@ def sandboxed(limits: Limits, unsafe: bool = False, isolation: str = tiers.SANDB
             try:
                 yield placement
             finally:
-                if tiers.tier(isolation).one_user and not unsafe:  # nothing of it survives
+                if tier.one_user:  # nothing of it survives
                     # never raises: what survives is said in every report of the grade
                     placement.note = container.sweep_user(os.path.realpath(sys.executable))
 

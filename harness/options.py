@@ -14,13 +14,14 @@ from typing import Any
 
 from harness.isolation import tiers
 from harness.isolation.container import ContainerUnavailable
-from harness.isolation.sandbox import Limits, SandboxUnavailable
+from harness.isolation.limits import Limits
+from harness.isolation.sandbox import SandboxUnavailable
 from harness.shared_tests.inputs import RUN_DTYPES, set_run_dtype
 
-# How a run's workers ran; an unsafe run says so in every report.
+# How a run's workers ran, as every report says it (an unsafe run says so in every report).
 SANDBOX = tiers.SANDBOX.described
 CONTAINER = tiers.CONTAINER.described
-UNSAFE = "UNSAFE: no sandbox (--unsafe-no-sandbox); for trusted code only"
+UNSAFE = tiers.UNSAFE.described
 
 
 def add_dtype(parser: argparse.ArgumentParser) -> None:
@@ -43,15 +44,23 @@ def usage_error(command: str, message: str) -> int:
     return 2
 
 
+def chosen_tier(args: argparse.Namespace) -> tiers.Tier:
+    """The tier the options chose: UNSAFE under --unsafe-no-sandbox, else --isolation's (the
+    sandbox where a command offers no --isolation)."""
+    if args.unsafe_no_sandbox:
+        return tiers.UNSAFE
+    return tiers.tier(getattr(args, "isolation", tiers.SANDBOX.name))
+
+
 def isolation_problem(args: argparse.Namespace, hidden: Sequence[Path] = ()) -> str:
     """Why untrusted code cannot run here ("" if it can): the chosen tier's own trial
     (args.isolation: the bubblewrap sandbox unless the container tier was chosen; `hidden`: the
     reports' folders, which the container tier must show out of its user's reach), unless the
     user explicitly chose to run trusted code without either."""
-    if args.unsafe_no_sandbox:
-        print(f"WARNING: {UNSAFE}", file=sys.stderr)
+    tier = chosen_tier(args)
+    if not tier.isolated:
+        print(f"WARNING: {tier.described}", file=sys.stderr)
         return ""
-    tier = tiers.tier(getattr(args, "isolation", tiers.SANDBOX.name))
     try:
         tier.trial(hidden)
     except (SandboxUnavailable, ContainerUnavailable) as e:

@@ -7,6 +7,9 @@ kill-rate matrix, a grade, a mutation score) reads and writes these, and nothing
 they look as JSON: `to_json` gives plain data (what crosses a process or a cluster, what the
 incremental cache stores, what a report embeds) and `from_json` reads it back. Outcomes are
 `Outcome` members everywhere in memory and their string values only in plain data.
+
+At the bottom of the imports (pyproject.toml's contracts): this module imports the standard
+library and plain-data modules only (outcomes, subjects, a test's record, the tiers' names).
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from harness.options import SANDBOX
+from harness.isolation.tier_names import DESCRIBED, SANDBOX
 from harness.outcomes import Outcome
 from harness.shared_tests.record import Test
 from harness.subjects import Subject
@@ -133,7 +136,7 @@ class Grade:
     rejected: str = ""  # why the submission was refused without running, if it was
     diagnosis: dict[str, str] = field(default_factory=dict)  # config -> first divergence
     seconds: float = 0.0
-    isolation: str = SANDBOX  # how its workers ran (harness.options: SANDBOX, CONTAINER, ...)
+    isolation: str = DESCRIBED[SANDBOX]  # how its workers ran: a tier's `described` (tier_names)
     error: str = ""  # the grader's own traceback, if grading this submission broke it
     start_seconds: list[float] = field(default_factory=list)  # each worker's start-up, loading
 

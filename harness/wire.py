@@ -56,7 +56,9 @@ MAX_PAYLOAD = 256 << 20
 class Limits:
     """What one request may cost its reader: per frame (JSON bytes, payload bytes, nesting
     depth, values in the JSON tree) and over all of the request's frames (a probe's events and
-    questions and its reply together: the bytes a reader may keep)."""
+    questions and its reply together: the bytes a reader may keep). Not a worker's resources
+    (harness.isolation.limits.Limits, the parent's alone): these are read on both sides of the
+    boundary, and the worker imports nothing of the parent's."""
 
     json: int = MAX_JSON
     payload: int = MAX_PAYLOAD

@@ -26,19 +26,18 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from harness.isolation.limits import DEFAULT_LIMITS, PROJECT_PACKAGES
 from harness.isolation.worker import Process, Start, kill_group
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-# The project's top-level packages: a subject may not import them (as in the sandbox).
-PROJECT_PACKAGES = ("impl", "oracle", "harness", "mutants", "tasks", "demos")
 # The child's entry: serve on the channels named in argv (harness.isolation.child.local).
 ENTRY = "harness.isolation.child.local"
 WINDOWS = os.name == "nt"
 
 
 # The address space a worker may map beyond its own once torch is imported, as in the sandbox
-# (harness.isolation.sandbox.Limits.memory_mb, which says why).
-HEADROOM_MB = 1536
+# (harness.isolation.limits.Limits.memory_mb, which says why).
+HEADROOM_MB = DEFAULT_LIMITS.memory_mb
 
 
 def rlimits(file_mb: int = 64) -> dict[str, list[int]]:

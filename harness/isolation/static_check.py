@@ -15,7 +15,7 @@ import stat
 import threading
 from pathlib import Path
 
-from harness.isolation.sandbox import PROJECT_PACKAGES as PROTECTED
+from harness.isolation.limits import PROJECT_PACKAGES as PROTECTED
 from harness.isolation.staging import (
     MAX_ENTRIES,
     UnsafeInput,

@@ -7,8 +7,10 @@ apart, and the user's processes are swept from root when the grade ends). Adding
 record in TIERS (CONTRIBUTING.md); the jobs, the options and the autograders read these fields,
 never the tier's name.
 
-Running trusted code without either (`--unsafe-no-sandbox`) is not a tier: `starter` forks it
-from the trusted fork server, and every report says UNSAFE.
+Running trusted code without either (`--unsafe-no-sandbox`) is not a tier of `--isolation`: its
+record, UNSAFE, stands outside TIERS (`NAMED` holds all three); its workers fork from the trusted
+fork server, and every report says UNSAFE. Callers pass one of these records, never a name and a
+flag; the names and the reports' words live below everything, in tier_names.py.
 """
 
 from __future__ import annotations
@@ -17,18 +19,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.isolation import cgroups, container
+from harness.isolation import cgroups, container, tier_names
 from harness.isolation.forkserver import forked
+from harness.isolation.limits import PROJECT_PACKAGES, Limits
 from harness.isolation.sandbox import (
     CHILD_FILES,
     CHILD_PACKAGE,
     INPUT,
-    PROJECT_PACKAGES,
     PROJECT_ROOT,
-    Limits,
-    _interpreter,
-    _python_paths,
     check,
+    interpreter,
+    python_paths,
     sandboxed,
 )
 from harness.isolation.worker import Start
@@ -36,17 +37,21 @@ from harness.isolation.worker import Start
 
 @dataclass(frozen=True)
 class Tier:
-    name: str  # --isolation's value, and what `xfmr autograder probe` records
+    name: str  # --isolation's value (UNSAFE's is not one), what `xfmr autograder probe` records
     described: str  # how every report says the workers ran
     one_user: bool  # every worker runs as one user: ending one ends all; swept when a grade ends
-    start: Callable[[Path, Limits], tuple[Start, Path]]  # (stage, limits) -> start, its path inside
+    # (stage, limits) -> how a worker starts on the staged input, and where it finds it inside
+    start: Callable[[Path, Limits], tuple[Start, Path]]
     trial: Callable[[Sequence[Path]], None]  # raises unless it can be set up here (hidden folders)
     lacks: str  # what a worker lacks where no cgroup per worker can be made
     fix: str  # what to do when it cannot be set up
+    isolated: bool = True  # False only for UNSAFE: trusted code, forked without either tier
 
     def limits_problem(self) -> str:
-        """Which limits a worker lacks here and why ("" when each gets its cgroup): said in every
-        report of a run."""
+        """Which limits a worker lacks here and why ("" when each gets its cgroup, or when the
+        run is not isolated at all: UNSAFE says so itself): said in every report of a run."""
+        if not self.isolated:
+            return ""
         why = cgroups.problem()
         return f"LIMITS MISSING: no cgroup per worker ({why}): {self.lacks}" if why else ""
 
@@ -54,12 +59,12 @@ class Tier:
 def _container_code() -> container.Code:
     """What a container-tier worker runs: this interpreter and the worker's own files."""
     files = {rel: PROJECT_ROOT / rel for rel in (*CHILD_FILES, CHILD_PACKAGE)}
-    return container.Code(_interpreter(), tuple(_python_paths()), files, PROJECT_PACKAGES)
+    return container.Code(interpreter(), tuple(python_paths()), files, PROJECT_PACKAGES)
 
 
 SANDBOX = Tier(
-    name="sandbox",
-    described="bubblewrap sandbox, one per worker",
+    name=tier_names.SANDBOX,
+    described=tier_names.DESCRIBED[tier_names.SANDBOX],
     one_user=False,
     start=lambda stage, limits: (sandboxed(stage, limits), Path(INPUT)),
     trial=lambda hidden: check(),
@@ -71,9 +76,8 @@ SANDBOX = Tier(
     "README's Gradescope section).",
 )
 CONTAINER = Tier(
-    name="container",
-    described="container tier: a dedicated unprivileged user, no namespaces "
-    "(--isolation container)",
+    name=tier_names.CONTAINER,
+    described=tier_names.DESCRIBED[tier_names.CONTAINER],
     one_user=True,
     start=lambda stage, limits: (
         container.contained(stage, _container_code(), limits.ram_mb, limits.processes),
@@ -89,20 +93,27 @@ CONTAINER = Tier(
 TIERS = {t.name: t for t in (SANDBOX, CONTAINER)}
 
 
+def _no_trial(hidden: Sequence[Path]) -> None:
+    """Forking trusted code needs nothing of the machine: nothing to prove."""
+
+
+UNSAFE = Tier(
+    name=tier_names.UNSAFE,
+    described=tier_names.DESCRIBED[tier_names.UNSAFE],
+    one_user=False,
+    start=lambda stage, limits: (forked, stage),  # rlimits only, at the stage itself
+    trial=_no_trial,
+    lacks="every limit but the worker's own rlimits",
+    fix="",
+    isolated=False,
+)
+# every record by name, UNSAFE included: what crosses to a remote unit (a Dask worker)
+NAMED = {**TIERS, UNSAFE.name: UNSAFE}
+
+
 def tier(name: str) -> Tier:
-    """The tier of this name; ValueError naming the choices otherwise."""
+    """The tier of this name (`--isolation`'s choices); ValueError naming them otherwise."""
     try:
         return TIERS[name]
     except KeyError:
         raise ValueError(f"isolation is one of {tuple(TIERS)}, not {name!r}") from None
-
-
-def starter(
-    stage: Path, limits: Limits, unsafe: bool = False, isolation: str = "sandbox"
-) -> tuple[Start, Path]:
-    """How an untrusted run's workers start on its staged input, and where they find it: as
-    the chosen tier starts them (never a fallback), or, unsafe, forked from the trusted fork
-    server (rlimits only), at the stage itself."""
-    if unsafe:
-        return forked, stage
-    return tier(isolation).start(stage, limits)

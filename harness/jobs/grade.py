@@ -32,15 +32,16 @@ from harness.grading import (
     tests_apart,
 )
 from harness.isolation import tiers
-from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput
+from harness.isolation.limits import DEFAULT_LIMITS, Limits
+from harness.isolation.staging import UnsafeInput
+from harness.isolation.tiers import Tier
 from harness.isolation.worker import printable
 from harness.jobs import class_folder
 from harness.options import (
-    SANDBOX,
-    UNSAFE,
     add_dtype,
     add_isolation,
     apply_dtype,
+    chosen_tier,
     isolation_problem,
     positive,
     usage_error,
@@ -63,25 +64,23 @@ def grade(
     tests: Sequence[Test] = SHARED_TESTS,
     limits: Limits = DEFAULT_LIMITS,
     time_limit: float | None = None,
-    unsafe: bool = False,
-    isolation: str = tiers.SANDBOX.name,
+    tier: Tier = tiers.SANDBOX,
     apart: Collection[str] | None = None,
 ) -> Grade:
     """Run `tests` on the submission at `path` (a .py file, a package directory, or a student's
     folder holding transformer.py and its helper modules), each of its workers isolated as
-    `isolation` says: a sandbox of its own, or the container tier's dedicated user (unsafe=True:
+    `tier` says: a sandbox of its own, or the container tier's dedicated user (tiers.UNSAFE:
     forked without either, for trusted code only). `apart`: tests run in a worker of their own
     beside the others' (default: `tests_apart`; grade-batch, which grades submissions side by
     side, gives none).
 
     Whatever the submission does, the answer is a Grade (Grading)."""
-    tier = tiers.tier(isolation)
-    mode = UNSAFE if unsafe else tier.described
-    if not unsafe and (missing := tier.limits_problem()):  # said in every report
+    mode = tier.described
+    if missing := tier.limits_problem():  # said in every report
         mode = f"{mode}; {missing}"
     if apart is None:
-        apart = tests_apart(one_user=tier.one_user and not unsafe)
-    workers = sandboxed(limits, unsafe, isolation)
+        apart = tests_apart(one_user=tier.one_user)
+    workers = sandboxed(limits, tier)
     proof = f"{mode}; {limits}"  # the environment the workers are proven in (harness.canary)
     with Grading(path, tests, mode, workers, time_limit, proof) as g:
         return g.grade(apart)
@@ -178,8 +177,7 @@ def run_grade(args: argparse.Namespace) -> int:
         _selected(args),
         limits,
         args.time_limit,
-        args.unsafe_no_sandbox,
-        args.isolation,
+        chosen_tier(args),
     )
     print(text(g))
     if g.error:
@@ -233,7 +231,7 @@ def grade_batch(
     time_limit: float | None,
     jobs: int,
     bar: Bar | None = None,
-    unsafe: bool = False,
+    tier: Tier = tiers.SANDBOX,
     executor: work.Executor | None = None,
     paths: Sequence[Path] | None = None,
 ) -> list[Grade]:
@@ -247,12 +245,12 @@ def grade_batch(
         if bar is not None:
             bar.step(f"{printable(paths[i].name)}: {g.score:g}/{g.max_score:g}")
 
-    units = [_grade_unit(p, tests, limits, time_limit, unsafe) for p in paths]
+    units = [_grade_unit(p, tests, limits, time_limit, tier) for p in paths]
     return (executor or work.LocalExecutor(jobs)).run(units, done)
 
 
 def _grade_unit(
-    path: Path, tests: Sequence[Test], limits: Limits, time_limit: float | None, unsafe: bool
+    path: Path, tests: Sequence[Test], limits: Limits, time_limit: float | None, tier: Tier
 ) -> work.Unit[Grade]:
     def payload() -> dict[str, Any]:
         strays = [t.name for t in tests if BY_NAME.get(t.name) is not t]
@@ -270,21 +268,20 @@ def _grade_unit(
             "tests": [t.name for t in tests],
             "limits": asdict(limits),
             "time_limit": time_limit,
-            "unsafe": unsafe,
+            "tier": tier.name,
         }
 
     def lost(why: str) -> Grade:
-        isolation = UNSAFE if unsafe else SANDBOX
-        return Grade(str(path), not_judged(tests, why), "", {}, 0.0, isolation, error=why)
+        return Grade(str(path), not_judged(tests, why), "", {}, 0.0, tier.described, error=why)
 
     return work.Unit(
         path.name,
-        lambda: grade(path, tests, limits, time_limit, unsafe, apart=()),  # each worker sandboxed
+        lambda: grade(path, tests, limits, time_limit, tier, apart=()),  # each worker isolated
         grade_shipped,
         payload,
         Grade.from_json,
         lost,
-        sandboxed=not unsafe,
+        sandboxed=tier.isolated,
     )
 
 
@@ -305,7 +302,8 @@ def grade_shipped(payload: dict[str, Any]) -> dict[str, Any]:
             g.tests = [result_line(t, Cell(Outcome.ERROR, g.rejected), {}) for t in tests]
         else:
             work.unpack(payload["files"], path)
-            g = grade(path, tests, limits, payload["time_limit"], payload["unsafe"], apart=())
+            tier = tiers.NAMED[payload["tier"]]
+            g = grade(path, tests, limits, payload["time_limit"], tier, apart=())
     data = g.to_json()
     # the folder it was graded in is this worker's: messages name the client's path instead
     here, there = f"{folder}/", "" if str(shown.parent) == "." else f"{shown.parent}/"
@@ -408,7 +406,7 @@ def run_grade_batch(args: argparse.Namespace) -> int:
                 args.time_limit,
                 args.jobs,
                 Bar(len(paths)),
-                args.unsafe_no_sandbox,
+                chosen_tier(args),
                 executor,
                 paths,
             )

@@ -44,14 +44,14 @@ from harness.engine import executors, work
 from harness.engine.cache import KEPT, Store, default_root, suite_run_key
 from harness.engine.run import Launch, unjudgeable
 from harness.isolation import sandbox, tiers
-from harness.isolation.sandbox import DEFAULT_LIMITS, Limits, UnsafeInput, staged
-from harness.isolation.tiers import starter
+from harness.isolation.limits import DEFAULT_LIMITS, Limits
+from harness.isolation.staging import UnsafeInput, staged
+from harness.isolation.tiers import Tier
 from harness.isolation.worker import SubjectRaised, WorkerDied, WorkerTimeout, printable
 from harness.jobs.disguise import disguise
 from harness.options import (
-    SANDBOX,
-    UNSAFE,
     add_isolation,
+    chosen_tier,
     isolation_problem,
     positive,
     usage_error,
@@ -134,7 +134,7 @@ def run_on(
     module_name: str,
     limits: Limits,
     time_limit: float,
-    unsafe: bool = False,
+    tier: Tier = tiers.SANDBOX,
     stop: frozenset[str] = frozenset(),
 ) -> SubjectRun:
     """The suite on one subject's source, restarting after a test that hangs or crashes (and
@@ -143,7 +143,7 @@ def run_on(
     start = time.monotonic()
     out = SubjectRun()
     with staged({"tests": tests_dir}, {"subject.py": source}) as stage:
-        start_worker, inside = starter(stage, limits, unsafe)
+        start_worker, inside = tier.start(stage, limits)
         launch = Launch(
             start_worker,
             {"path": str(inside / "subject.py")},
@@ -254,7 +254,7 @@ def mutation_score(
     time_limit: float = TEST_TIMEOUT,
     jobs: int | None = None,
     progress: Callable[[str, SubjectRun], None] | None = None,
-    unsafe: bool = False,
+    tier: Tier = tiers.SANDBOX,
     executor: work.Executor | None = None,
     store: Store | None = None,
     generated: int = GENERATED,
@@ -293,20 +293,18 @@ def mutation_score(
                 "module_name": module_name,
                 "limits": asdict(limits),
                 "time_limit": time_limit,
-                "unsafe": unsafe,
+                "tier": tier.name,
                 "stop": sorted(stop),
             }
 
         return work.Unit(
             s.name,
-            lambda: run_on(
-                sources[s.name], tests_dir, module_name, limits, time_limit, unsafe, stop
-            ),
+            lambda: run_on(sources[s.name], tests_dir, module_name, limits, time_limit, tier, stop),
             run_shipped,
             payload,
             SubjectRun.from_json,
             lambda why: SubjectRun(error=why),
-            sandboxed=not unsafe,
+            sandboxed=tier.isolated,
         )
 
     kept: dict[str, SubjectRun] = {}
@@ -318,7 +316,7 @@ def mutation_score(
         for s in subs:
             first_kill = {"first_kill": True} if is_generated(s) else {}
             keys[s.name] = suite_run_key(
-                s.payload(), suite, settings | {"unsafe": unsafe} | first_kill
+                s.payload(), suite, settings | {"unsafe": not tier.isolated} | first_kill
             )
             if (value := store.get(keys[s.name])) is not None:
                 kept[s.name] = SubjectRun.from_json(value)
@@ -346,10 +344,10 @@ def mutation_score(
         if not stops:
             honest = first_kill_tests(runs, correct)
             stops.update({s.name: honest for s in mutants if is_generated(s)})
-    score = _score(subs, runs, module_name, time_limit, time.monotonic() - started)
-    score.isolation = UNSAFE if unsafe else SANDBOX  # said in every report, as a grade's
-    if not unsafe and (missing := tiers.SANDBOX.limits_problem()):
-        score.isolation = f"{SANDBOX}; {missing}"
+    score = scored(subs, runs, module_name, time_limit, time.monotonic() - started)
+    score.isolation = tier.described  # said in every report, as a grade's
+    if missing := tier.limits_problem():
+        score.isolation = f"{tier.described}; {missing}"
     if store is not None:
         score.reuse = f"incremental: {len(kept)} of {len(subs)} subjects' runs reused"
     return score
@@ -368,7 +366,7 @@ def run_shipped(payload: dict[str, Any]) -> dict[str, Any]:
             payload["module_name"],
             Limits(**payload["limits"]),
             payload["time_limit"],
-            payload["unsafe"],
+            tiers.NAMED[payload["tier"]],
             frozenset(payload.get("stop", ())),
         )
     return SubjectRun.to_json(r)
@@ -382,9 +380,11 @@ def _never(call: Any) -> None:
     raise AssertionError("a student's test runs in pytest, not through the engine")
 
 
-def _score(
+def scored(
     subs: list[Subject], runs: dict[str, SubjectRun], module_name: str, limit: float, wall: float
 ) -> Score:
+    """The suite's Score from each subject's run (mutation_score's, and `xfmr check --suite`'s):
+    the cells a run did not give filled in as their cause says, its false alarms set aside."""
     tests = runs["impl"].collected or next((r.collected for r in runs.values() if r.collected), [])
     run = SuiteRun([Test(t, "", _never, limit) for t in tests], subs, wall_seconds=wall)
     for s in subs:
@@ -483,16 +483,16 @@ print(json.dumps(failed))
 """
 
 
-def missing_modules(modules: tuple[str, ...] = NEEDS, unsafe: bool = False) -> dict[str, str]:
+def missing_modules(modules: tuple[str, ...] = NEEDS, tier: Tier = tiers.SANDBOX) -> dict[str, str]:
     """Each of `modules` the workers' interpreter cannot import, with why. Asked of that
-    interpreter as the workers start it: sandboxed, the same executable with -I -S and the
-    sandbox's import paths (harness.isolation.sandbox); unsafe, this interpreter as the fork
-    server runs it. A check that cannot run at all is said as a failure of every module."""
-    if unsafe:
+    interpreter as the workers start it: isolated, the same executable with -I -S and the
+    sandbox's import paths (harness.isolation.sandbox); tiers.UNSAFE, this interpreter as the
+    fork server runs it. A check that cannot run at all is said as a failure of every module."""
+    if not tier.isolated:
         command = [sys.executable, "-c", _IMPORTS]
     else:
-        boot = f"import sys; sys.path[:0] = {sandbox._python_paths()!r}\n{_IMPORTS}"
-        command = [sandbox._interpreter(), "-I", "-S", "-B", "-c", boot]
+        boot = f"import sys; sys.path[:0] = {sandbox.python_paths()!r}\n{_IMPORTS}"
+        command = [sandbox.interpreter(), "-I", "-S", "-B", "-c", boot]
     try:
         done = subprocess.run(
             [*command, *modules], capture_output=True, text=True, timeout=120, cwd="/"
@@ -505,10 +505,10 @@ def missing_modules(modules: tuple[str, ...] = NEEDS, unsafe: bool = False) -> d
         return {name: f"the import check did not run: {type(e).__name__}: {e}" for name in modules}
 
 
-def dependency_problem(unsafe: bool = False) -> str:
+def dependency_problem(tier: Tier = tiers.SANDBOX) -> str:
     """Why this install cannot run a student's suite ("" if it can): the grader's own missing
     dependency, said before anything runs, never charged to the suite."""
-    missing = missing_modules(NEEDS, unsafe)
+    missing = missing_modules(NEEDS, tier)
     if not missing:
         return ""
     said = "; ".join(f"{name} ({why})" for name, why in missing.items())
@@ -530,7 +530,7 @@ def run_mutation_score(args: argparse.Namespace) -> int:
             return usage_error("mutation-score", f"cannot write a report: {problem}")
     # here or on a LocalCluster the workers are this install's; a remote cluster's are not
     remote = args.scheduler is not None and args.scheduler.address is not None
-    if not remote and (problem := dependency_problem(args.unsafe_no_sandbox)):
+    if not remote and (problem := dependency_problem(chosen_tier(args))):
         return usage_error("mutation-score", problem)
     if problem := isolation_problem(args):
         return usage_error("mutation-score", problem)
@@ -544,7 +544,7 @@ def run_mutation_score(args: argparse.Namespace) -> int:
                 args.time_limit,
                 args.jobs,
                 progress,
-                args.unsafe_no_sandbox,
+                chosen_tier(args),
                 executor,
                 Store(args.cache_dir or default_root()) if args.incremental else None,
                 args.generated,

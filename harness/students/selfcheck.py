@@ -190,7 +190,7 @@ def suite_check(
         if not stops:
             honest = scoring.first_kill_tests(runs, correct)
             stops.update({s.name: honest for s in mutants if scoring.is_generated(s)})
-    s = scoring._score(subs, runs, module_name, time_limit, time.monotonic() - started)
+    s = scoring.scored(subs, runs, module_name, time_limit, time.monotonic() - started)
     s.isolation = SELF_CHECK  # every report of it says so (text, JSON)
     return s
 

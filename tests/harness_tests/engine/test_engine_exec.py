@@ -354,7 +354,7 @@ def test_mutation_score_incremental_reuses_every_run_of_an_unchanged_suite(tmp_p
 def test_a_shipped_suite_run_equals_the_local_one():
     """What a Dask worker runs for mutation-score (run_shipped: the suite as plain data, unpacked
     and run there) gives what the local run gives (the transport itself is test_cluster's)."""
-    from harness.isolation.sandbox import DEFAULT_LIMITS
+    from harness.isolation.limits import DEFAULT_LIMITS
     from harness.jobs.mutation_score import MODULE, run_on, run_shipped, subjects
     from harness.records import SubjectRun
 
@@ -366,7 +366,7 @@ def test_a_shipped_suite_run_equals_the_local_one():
         "module_name": MODULE,
         "limits": dataclasses.asdict(DEFAULT_LIMITS),
         "time_limit": 30.0,
-        "unsafe": False,
+        "tier": "sandbox",
     }
     shipped = SubjectRun.from_json(json.loads(json.dumps(run_shipped(payload))))  # plain data back
     assert local.collected == shipped.collected and len(local.collected) == 3

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from harness.engine.run import Launch, run_suite, trusted_call
-from harness.isolation.sandbox import DEFAULT_LIMITS, INPUT, sandboxed, staged
+from harness.isolation.limits import DEFAULT_LIMITS
+from harness.isolation.sandbox import INPUT, sandboxed, staged
 from harness.outcomes import Outcome, mutant_outcome
 from harness.shared_tests.laws import BY_NAME
 from harness.shared_tests.laws.values import golden_comparisons

@@ -11,6 +11,7 @@ test_container_sweep_in_a_simulated_gradescope_container below.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pwd
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.isolation import container
+from harness.isolation import container, tiers
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0 or sys.platform != "linux", reason="switching to a throwaway uid needs root"
@@ -185,12 +186,13 @@ def test_a_failed_final_sweep_is_said_in_every_report_and_the_grade_stands(
     said = "SWEEP FAILED: 1 processes of xfmr-student survived 10 s of SIGKILL from root: 7 x"
     tests = SHARED_TESTS[:1]
     cells = {tests[0].name: Cell(Outcome.PASSED, "")}
-    monkeypatch.setattr(grading, "starter", lambda *a: (None, Path("/sandbox/input")))
+    # the container tier's record, its workers' start a stand-in
+    tier = dataclasses.replace(tiers.CONTAINER, start=lambda *a: (None, Path("/sandbox/input")))
     monkeypatch.setattr(grading, "run_subject_apart", lambda *a: (cells, [1.0]))
     monkeypatch.setattr(container, "sweep_user", lambda interpreter: said)
     submission = tmp_path / "transformer.py"
     submission.write_text("x = 1\n")
-    g = grade(submission, tests, isolation="container")
+    g = grade(submission, tests, tier=tier)
     assert not g.error and g.passed and g.score == tests[0].points
     assert said in g.isolation
     assert said in grade_report.text(g)

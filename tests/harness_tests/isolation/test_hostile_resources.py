@@ -22,6 +22,7 @@ import pytest
 
 from harness.grading import rejection
 from harness.isolation import cgroups, sandbox, staging, static_check, tiers
+from harness.isolation.limits import DEFAULT_LIMITS
 from harness.jobs.grade import grade
 from harness.shared_tests.laws import BY_NAME
 
@@ -259,7 +260,7 @@ def test_a_memfd_fill_is_stopped_by_the_cgroup(tmp_path):
     noam = tests[NOAM]
     assert noam["score"] == 0 and noam["outcome"] in ("killed", "error"), noam
     said = noam["message"]
-    ram = sandbox.DEFAULT_LIMITS.ram_mb
+    ram = DEFAULT_LIMITS.ram_mb
     assert f"memory limit of {ram} MiB" in said, said
     peak = int(said.split("(peak ", 1)[1].split(" MiB", 1)[0])
     assert peak <= ram < 4096, said  # below the 4 GiB it tried: the host lost <= ram

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.isolation import tiers
 from harness.jobs import grade
 from harness.shared_tests.inputs import set_run_dtype
 from harness.shared_tests.laws import SHARED_TESTS
@@ -45,7 +46,7 @@ def test_the_faulty_example_keeps_its_search_failures_in_bfloat16():
     set_run_dtype("bfloat16")
     try:
         tests = [t for t in SHARED_TESTS if t.name in FAULTY_FAILS[2:]]
-        g = grade.grade(ROOT / "examples" / "faulty_submission.py", tests, unsafe=True)
+        g = grade.grade(ROOT / "examples" / "faulty_submission.py", tests, tier=tiers.UNSAFE)
     finally:
         set_run_dtype(None)
     assert [t.name for t in g.tests if not t.passed] == FAULTY_FAILS[2:], g.tests

@@ -8,6 +8,7 @@ import pytest
 
 from harness.analysis import PASS_SCORE, REQUIRED
 from harness.cli import main
+from harness.isolation import tiers
 from harness.jobs import mutation_score as ms
 from harness.outcomes import Outcome
 from harness.records import Cell
@@ -113,14 +114,14 @@ def test_false_alarms_kill_nothing():
     runs["torch_copy"] = run({"t_good": P, "t_alarm": K})
     runs["s01"] = run({"t_good": P, "t_alarm": K})
     runs["s08"] = run({"t_good": K, "t_alarm": P})
-    s = ms._score(ms.subjects(), runs, ms.MODULE, 1.0, 0.0)
+    s = ms.scored(ms.subjects(), runs, ms.MODULE, 1.0, 0.0)
     assert list(s.false_alarms) == ["t_alarm"] and s.killed == ["s08"]
     assert s.score == pytest.approx(1 / len(catalog.PITFALLS)) and not s.invalid and not s.passed
 
 
 def test_a_suite_failing_everything_on_impl_is_invalid():
     runs = {s.name: run({"t": Outcome.KILLED}) for s in ms.subjects()}
-    s = ms._score(ms.subjects(), runs, ms.MODULE, 1.0, 0.0)
+    s = ms.scored(ms.subjects(), runs, ms.MODULE, 1.0, 0.0)
     assert s.invalid and s.score == 0 and not s.passed
 
 
@@ -162,7 +163,7 @@ def test_the_generated_sample_is_reported_by_clause_and_never_decides_the_pass()
     from harness.reports import score as report
 
     subs, runs = generated_runs({"g01", "g02"})
-    s = ms._score(subs, runs, ms.MODULE, 1.0, 0.0)
+    s = ms.scored(subs, runs, ms.MODULE, 1.0, 0.0)
     assert s.passed and s.score == 1.0  # the seed's pass, whatever the sample says
     g = report.generated(s)
     assert (g.k, g.n) == (2, 6) and g.killed == ["g01", "g02"]
@@ -194,7 +195,7 @@ def test_a_generated_mutants_run_stops_at_its_first_kill_by_an_honest_test():
     assert ms.first_kill_tests(runs, correct) == {"a", "c"}  # b is a false alarm
     subs, fake = generated_runs(set())
     fake["g03"] = ms.SubjectRun({"t_gen": Cell(K, "")}, ["t_pit", "t_gen"])  # stopped there
-    s = ms._score(subs, fake, ms.MODULE, 1.0, 0.0)
+    s = ms.scored(subs, fake, ms.MODULE, 1.0, 0.0)
     assert s.run.cell("t_pit", "g03").outcome is Outcome.NOT_APPLICABLE
     assert s.summary.status["g03"].detected
 
@@ -256,7 +257,7 @@ def test_every_subject_meets_the_same_examples(tmp_path):
     literals = ", ".join(f"{-1.5 - i * 7919.25}" for i in range(400))
     shown = []
     for text in (source, f"{source}\nLITERALS = ({literals})\n"):
-        r = ms.run_on(text, tmp_path, ms.MODULE, ms.DEFAULT_LIMITS, 60.0, unsafe=True)
+        r = ms.run_on(text, tmp_path, ms.MODULE, ms.DEFAULT_LIMITS, 60.0, tiers.UNSAFE)
         assert not r.error, r.error
         message = r.cells["test_drawn.py::test_show"].message
         shown.append(re.search(r"AssertionError: (\[.*\])", message).group(1))

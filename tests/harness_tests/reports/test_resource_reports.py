@@ -328,7 +328,7 @@ def test_every_report_of_a_mutation_score_says_which_limit_is_missing(tmp_path, 
     monkeypatch.setattr(tiers.Tier, "limits_problem", lambda tier: "")
     s = scoring.mutation_score(tmp_path, executor=Instant(), generated=0)
     assert s.isolation == SANDBOX and "LIMITS MISSING" not in json.dumps(every_report(s, tmp_path))
-    s = scoring.mutation_score(tmp_path, executor=Instant(), generated=0, unsafe=True)
+    s = scoring.mutation_score(tmp_path, executor=Instant(), generated=0, tier=tiers.UNSAFE)
     assert all(UNSAFE in r for r in every_report(s, tmp_path).values())
 
 

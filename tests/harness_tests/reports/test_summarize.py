@@ -193,9 +193,9 @@ def test_a_missing_hypothesis_exits_2_naming_the_extra_before_any_suite_runs(
     (shadow / "__init__.py").write_text(
         "raise ModuleNotFoundError(\"No module named 'hypothesis'\")"
     )
-    paths = mutation_score.sandbox._python_paths()
+    paths = mutation_score.sandbox.python_paths()
     monkeypatch.setattr(
-        mutation_score.sandbox, "_python_paths", lambda: [str(tmp_path / "shadow"), *paths]
+        mutation_score.sandbox, "python_paths", lambda: [str(tmp_path / "shadow"), *paths]
     )
 
     def never(*args, **kwargs):

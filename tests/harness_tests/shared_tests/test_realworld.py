@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from realworld import run_set
 
-from harness.isolation.sandbox import DEFAULT_LIMITS
+from harness.isolation import tiers
+from harness.isolation.limits import DEFAULT_LIMITS
 from harness.jobs import grade
 from harness.reports import grade as grade_report
 from harness.shared_tests.laws import SHARED_TESTS
@@ -43,7 +44,7 @@ def graded(tmp_path_factory) -> dict[str, dict]:
         names[stem] = vid
         (folder / f"{stem}.py").write_text(run_set.variant_source(record))
     jobs = os.cpu_count() or 1
-    grades = grade.grade_batch(folder, SHARED_TESTS, DEFAULT_LIMITS, None, jobs, unsafe=True)
+    grades = grade.grade_batch(folder, SHARED_TESTS, DEFAULT_LIMITS, None, jobs, tier=tiers.UNSAFE)
     return {
         names[Path(g.submission).stem]: run_set.summarize(grade_report.to_json(g)) for g in grades
     }

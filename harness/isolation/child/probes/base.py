@@ -79,7 +79,7 @@ def parameter_views(model: torch.nn.Module) -> dict[str, tuple[str, torch.nn.Par
     return found
 
 
-def _view_of(value: torch.Tensor, of: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def view_of(value: torch.Tensor, of: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """The elements of `value` (laid out as parameter `of`) that the view `like` of `of` reads."""
     size = of.untyped_storage().nbytes() // of.element_size()
     flat = torch.zeros(size, dtype=value.dtype)
@@ -109,7 +109,7 @@ def gradients(model: torch.nn.Module) -> dict[str, Any]:
             no_grad.append(key)
             grads[key] = np.zeros(tuple(state[key].shape))
         else:
-            grads[key] = numpy_of(_view_of(p.grad, p, state[key]))
+            grads[key] = numpy_of(view_of(p.grad, p, state[key]))
     for name, p in model.named_parameters():
         if id(p) in covered:
             continue

@@ -10,7 +10,6 @@ import torch
 
 from harness.isolation.child import channel
 from harness.isolation.child.probes.base import (
-    _view_of,
     build,
     gradients,
     load_weights,
@@ -21,6 +20,7 @@ from harness.isolation.child.probes.base import (
     state_tensors,
     tensor_of,
     training_dtype,
+    view_of,
 )
 
 
@@ -176,7 +176,7 @@ class _Updates:
                     tuple(p.shape if view is None else view.shape), dtype=np.float32
                 )
             else:
-                out[key] = _plain(p.grad if view is None else _view_of(p.grad, p, view))
+                out[key] = _plain(p.grad if view is None else view_of(p.grad, p, view))
         return out
 
     def _forward(self, module: Any, args: tuple, kwargs: dict, output: Any) -> None:
