@@ -24,7 +24,7 @@ def configure_depth_demo(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--out",
         type=Path,
-        default=Path("results/depth_demo.png"),
+        default=Path("results/demos/depth_demo.png"),
         help="the PNG; the table and the command go to the same name with .md",
     )
     parser.add_argument("--max-depth", type=int, default=48, help="deepest stack (from 1)")

@@ -56,7 +56,7 @@ GUARD_DTYPE = "float64"
 # recipe stands in for that (every operation rounds differently). LOSS_TOL is three times the
 # largest window difference between the float32 and float64 runs (the record has both), and
 # EM_TOL covers their difference in exact match likewise; a destabilised recipe misses both by
-# far more (see results/milestone_spikes.md).
+# far more (see results/demos/milestone_spikes.md).
 LOSS_TOL_FACTOR = 3.0
 LOSS_TOL_FLOOR = 0.02  # smoothed-loss units: never tighter than this
 EM_TOL_FLOOR = 0.02

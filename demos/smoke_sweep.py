@@ -7,7 +7,7 @@ imported by it) and each run is `xfmr milestone --submission FILE --smoke --firs
 process of its own (run_own_milestone, as the student's command calls it), at most --jobs at
 once. Seeds are the outer loop, so a sweep cut short holds every subject at its first seeds.
 
-    python -m demos.smoke_sweep --seeds 20 --jobs 2                 # results/smoke_sweep.md
+    python -m demos.smoke_sweep --seeds 20 --jobs 2                 # results/demos/smoke_sweep.md
     python -m demos.smoke_sweep --seeds 20 --jobs 2 --reuse         # go on where it stopped
     python -m demos.smoke_sweep --subjects impl,faulty_example --seeds 3
     python -m demos.smoke_sweep --report-only                       # the table of the runs done
@@ -313,7 +313,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--subjects", default="", help="comma-separated names (default: every subject)"
     )
     parser.add_argument("--out", default="smoke_sweep_runs", help="the runs' folder")
-    parser.add_argument("--md", default="results/smoke_sweep.md", help="the table")
+    parser.add_argument("--md", default="results/demos/smoke_sweep.md", help="the table")
     parser.add_argument("--reuse", action="store_true", help="keep runs that have a record")
     parser.add_argument("--report-only", action="store_true", help="run nothing: the table")
     parser.add_argument("--one", nargs=2, metavar=("FILE", "SEED"), help=argparse.SUPPRESS)

@@ -1,4 +1,4 @@
-"""Why the old `xfmr train` recipe spiked late: one run traced (results/milestone_spikes.md).
+"""Why the old `xfmr train` recipe spiked late: one run traced (results/demos/milestone_spikes.md).
 
     python -m demos.spike_trace --out runs/spikes/seed0.json                # the old recipe, seed 0
     python -m demos.spike_trace --adam-eps 1e-6 --out runs/spikes/eps.json  # eps 1000x larger

@@ -6,7 +6,7 @@ the model (save_transformer), `metrics.json` (settings, losses, timing, exact ma
 
 While it trains, train checks the model every `--val-every` updates on a validation split: sums
 held out of the training pairs, never trained on and never the test sums. It keeps the best
-weights it checked and stops once the validation split is solved (results/milestone_spikes.md
+weights it checked and stops once the validation split is solved (results/demos/milestone_spikes.md
 has why: past that point the smoothed loss sits at its floor, Adam's second moments shrink with
 the vanishing gradients, and the unchanged rate drives the model into loss spikes).
 """
@@ -77,14 +77,14 @@ def make_model(args: argparse.Namespace, norm: str, seed: int, module: Any = Non
 # --- xfmr train ---------------------------------------------------------------------------
 
 # Tuned to reach exact match >= 0.98 on held-out three-digit sums within 10 minutes on a
-# 2-core CPU, for both norms and every seed (results/milestone.md has the measurements). No
+# 2-core CPU, for both norms and every seed (results/demos/milestone.md has the measurements). No
 # dropout: the training set (~806k pairs) is larger than the examples the run reads, so there is
 # nothing to regularize, and with dropout 0.1 a pre-LN run (seed 0) still sat at loss 1.40 after
 # 1500 updates where the same run without dropout reached exact match 1.0. Noam factor 0.4 puts
 # the peak rate (update 400) at 2.2e-3; at factor 1 (6.25e-3) the same run stalled at loss ~1.39
 # past 1250 updates. The run stops once the 1000 validation sums are all right (checked every 50
 # updates): continuing on the loss floor at this rate is what made the final model a matter of
-# luck (results/milestone_spikes.md), and 1500 updates are only the budget.
+# luck (results/demos/milestone_spikes.md), and 1500 updates are only the budget.
 TRAIN_DEFAULTS = {
     "d_model": 64,
     "n_heads": 4,

@@ -1,7 +1,7 @@
 """The catalog of generated mutants that are faults for sure, and the per-run sample of them.
 
 mutants/generated_catalog.json holds the generated mutants of impl (mutants.generated) that the
-shared laws killed in the committed run (results/generic_mutants.json): equivalent and unkilled
+shared laws killed in the committed run (results/mutants/generic_mutants.json): equivalent and unkilled
 ones are left out, so every mutant scored is a real fault. Each is a record of the catalog's
 type (mutants.patch.Mutant: one exact-text patch that must apply exactly once), with its
 operator (`mutator`), the law(s) that killed it (`killers`: the first in the registry's order,

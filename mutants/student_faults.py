@@ -4,7 +4,7 @@ the patch text differs per host), with what the grade must say of it: the place 
 diagnosis names first, or the test that owns the fault) and words of the cause's sentence.
 
 tests/harness_tests/shared_tests/test_fault_causes.py plants each fault in both hosts and checks
-both; results/fault_causes.md records how many are named right.
+both; results/grading/fault_causes.md records how many are named right.
 """
 
 from __future__ import annotations

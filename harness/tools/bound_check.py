@@ -8,7 +8,7 @@ names, every traced boundary at real positions) per dtype. Any ratio >= 1 is a f
 --dtypes float64 checks the default grading dtype; --grads adds the label-smoothed loss and
 every parameter's gradient of the subjects with the contract's names (oracle.bounded).
 
-    xfmr bound-check --configs 120 --write results/bound_false_alarms.md
+    xfmr bound-check --configs 120 --write results/oracle/bound_false_alarms.md
 
 The pieces (`draw_case`, `run_subject`, `SUBJECTS`) are the Hypothesis test's too
 (tests/oracle_tests/test_error_bounds.py).

@@ -1,6 +1,6 @@
 """Is coverage inference sound on mutants it was not built around? A standing measure.
 
-`python -m harness.tools.coverage_check [--sample N] [--seed S]` writes results/coverage_check.json
+`python -m harness.tools.coverage_check [--sample N] [--seed S]` writes results/mutants/coverage_check.json
 and results/coverage_check.md.
 
 harness.engine.coverage infers a mutant's cell from impl's when impl's traced run of the test calls
@@ -29,7 +29,7 @@ from harness.shared_tests.laws import SHARED_TESTS
 from harness.subjects import Kind, Subject, module_source
 from harness.tools.generic_mutants import SOURCE_PATH, TARGET, generate, sample
 
-RESULTS = Path(__file__).resolve().parents[2] / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "mutants"
 
 
 def check(n: int, seed: int) -> dict[str, Any]:

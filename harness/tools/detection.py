@@ -6,7 +6,7 @@ logit of the faulty subject lies outside the oracle's bound for an honest subjec
 dtype (oracle/roundoff.py). The table gives, per kind and dtype, the smallest size detected
 on every configuration (and on at least one). Nothing is hard-coded: rerun to reproduce.
 
-    xfmr detection --write results/detection.md
+    xfmr detection --write results/grading/detection.md
 
 The kinds:
 - ln-eps: every LayerNorm's eps is eps * (1 - delta) instead of the config's 1e-5 (delta 0.9 is

@@ -10,7 +10,7 @@ applicable) is a false alarm, reported with the draw and dtype that reproduce it
 
     XFMR_DRAW_SEED=DRAW xfmr grade --dtype DTYPE --unsafe-no-sandbox SUBJECT
 
-    xfmr false-alarms --draws 0-19 --dtypes float64 --write results/false_alarms.md
+    xfmr false-alarms --draws 0-19 --dtypes float64 --write results/grading/false_alarms.md
 
 The subjects are the project's own code, so they run from the trusted fork server (no sandbox):
 the laws, the draws and the verdicts are those of a grade. One unit is a grade-draw: one subject

@@ -9,11 +9,11 @@ drawn). So five draws cost one mutation score per suite on up to five samples' m
 of five whole scores.
 
     xfmr generated-draws examples/student_tests_strong examples/student_tests_weak \\
-        --draws 0-4 --write results/generated_draws.md
+        --draws 0-4 --write results/mutants/generated_draws.md
 
 A draw d here is the sample `XFMR_DRAW_SEED=d xfmr mutation-score SUITE` draws.
 
-A measurement of the mutation-score job (its results are results/generated_draws.md), so it lives
+A measurement of the mutation-score job (its results are results/mutants/generated_draws.md), so it lives
 among the measurements and is the one tool that runs a job (pyproject's contracts say so).
 """
 

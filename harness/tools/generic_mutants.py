@@ -1,7 +1,7 @@
 """Generic first-order mutants of impl through the shared tests: a standing measure of the suite.
 
 `python -m harness.tools.generic_mutants [--sample N] [--seed S] [--jobs J]` writes
-results/generic_mutants.json and results/generic_mutants.md;
+results/mutants/generic_mutants.json and results/mutants/generic_mutants.md;
 `python -m harness.tools.generic_mutants --catalog` rewrites mutants/generated_catalog.json (the
 killed ones, each with its killers, operator and clause: mutants.generated_catalog) from it.
 
@@ -13,7 +13,7 @@ Each mutant runs in a trusted worker forked from the fork server (no sandbox: ge
 impl, trusted code), through the shared tests of harness.shared_tests.laws with the engine's
 run_test, in the registry's order, stopping at the first test that kills it (killed or timeout,
 as the matrix counts); the learning test runs last, so only mutants that survive everything else
-pay for it. Survivors are triaged in results/generic_mutants_triage.json (by mutant key): either
+pay for it. Survivors are triaged in results/mutants/generic_mutants_triage.json (by mutant key): either
 equivalent, with the reason, or a gap, named; the score counts killed mutants against all that
 are not equivalent.
 """
@@ -50,7 +50,7 @@ from mutants.generated import (  # noqa: F401 (the generator, re-exported for it
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-RESULTS = ROOT / "results"
+RESULTS = ROOT / "results" / "mutants"
 TRIAGE = RESULTS / "generic_mutants_triage.json"
 
 # the registry's order (the hand examples and the golden test, which kill most, come first); the

@@ -3,14 +3,14 @@
 
 The viewer is Stryker's own web component (npm: mutation-testing-elements, its standalone bundle
 dist/mutation-test-elements.js); the browser is Chromium, headless. A staff check that the report
-renders as the CLI counts it (results/stryker_report.png), not a test: neither is installed by CI.
+renders as the CLI counts it (results/mutants/stryker_report.png), not a test: neither is installed by CI.
 
     npm pack mutation-testing-elements@3.9.0 && tar -xzf mutation-testing-elements-3.9.0.tgz
     apt-get install -y chromium
     xfmr matrix --stryker stryker.json
     python -m harness.tools.render_stryker stryker.json \\
-        --elements package/dist/mutation-test-elements.js --out results/stryker_report.png
-    (--view test: the tests tab, results/stryker_tests.png)
+        --elements package/dist/mutation-test-elements.js --out results/mutants/stryker_report.png
+    (--view test: the tests tab, results/mutants/stryker_tests.png)
 """
 
 from __future__ import annotations

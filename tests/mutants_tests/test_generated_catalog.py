@@ -18,7 +18,7 @@ from mutants.generated import generate
 from mutants.patch import Mutant, PatchError
 
 _, IMPL = module_source("impl.transformer")
-RUN = Path(__file__).resolve().parents[2] / "results" / "generic_mutants.json"
+RUN = Path(__file__).resolve().parents[2] / "results" / "mutants" / "generic_mutants.json"
 MUTANTS = generated_catalog.load()
 
 

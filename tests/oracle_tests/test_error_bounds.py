@@ -5,7 +5,7 @@ and traced boundary; faults leave it.
 Hypothesis draws small configurations (both norms, every tying, 1-2 layers, d 8-32), weights and
 padded batches; impl (with its traced modules) and the torch copy run in each dtype on the CPU.
 `xfmr bound-check` runs the same over hundreds of configurations with more subjects
-(results/bound_false_alarms.md).
+(results/oracle/bound_false_alarms.md).
 """
 
 from __future__ import annotations

@@ -75,7 +75,7 @@ def test_the_forward_bound_agrees_with_the_hand_written_runs(dtype):
         written = perturbed_forward_bound(*args, dtype)[0]
         _, derived = bounded(oracle.forward, *args, dtype=dtype, rows=True)
         # per value two independent 32-run estimates of one spread: their ratio's median is 1
-        # within sampling (results/rounding_model.md: 0.99-1.00 over 40 configurations)
+        # within sampling (results/oracle/rounding_model.md: 0.99-1.00 over 40 configurations)
         ratio = np.median(derived / written)
         assert 0.7 < ratio < 1.4, ratio
 

@@ -220,7 +220,7 @@ def test_the_pitfall_suite_scores_one_on_the_published_and_less_on_the_generated
 
 
 # One draw in CI (the fixtures'): each draw costs two whole mutation scores. The five-draw
-# comparison is a measurement (`xfmr generated-draws`, results/generated_draws.md).
+# comparison is a measurement (`xfmr generated-draws`, results/mutants/generated_draws.md).
 @pytest.mark.slow
 def test_the_strong_suite_beats_the_weak_one_on_the_generated_sample(strong, weak):
     samples = [

@@ -1,5 +1,5 @@
 """`xfmr generated-draws`: each draw's sample as a mutation-score run draws it, counted off the
-union's outcomes (the measurement itself is results/generated_draws.md)."""
+union's outcomes (the measurement itself is results/mutants/generated_draws.md)."""
 
 from harness.jobs import mutation_score as ms
 from harness.shared_tests.inputs import draw_secret, set_draw_secret
