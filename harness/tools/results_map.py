@@ -11,10 +11,13 @@ unless the entry says why it still stands or what it waits for (`stale`).
 
     python -m harness.tools.results_map --check                # what CI's test asserts
     python -m harness.tools.results_map --refresh FILE ...     # after regenerating FILE
+    python -m harness.tools.results_map --unchanged FILE ...   # a rename: the figure stands
     python -m harness.tools.results_map --readme               # rewrite results/README.md
 
 `--refresh` records today's digest and the checkout's commit, and drops the `stale` note: run it
-only in the commit that regenerates the figure.
+only in the commit that regenerates the figure. `--unchanged` records today's digest and keeps
+the measured commit: only for a change that cannot move the figure (a name changed everywhere, a
+helper moved), said in that commit's message.
 """
 
 from __future__ import annotations
@@ -281,7 +284,9 @@ def head(root: Path = ROOT) -> str:
     return shown.stdout.strip()
 
 
-def refresh(paths: list[str], root: Path = ROOT) -> None:
+def refresh(paths: list[str], root: Path = ROOT, remeasured: bool = True) -> None:
+    """Record today's code digest for each figure: remeasured (the figure was regenerated on
+    this checkout's code) or not (the code changed in a way that cannot move it)."""
     entries = load(root / "results" / "manifest.json")
     names = tracked(root)
     for raw in paths:
@@ -289,14 +294,11 @@ def refresh(paths: list[str], root: Path = ROOT) -> None:
         if name not in entries:
             raise SystemExit(f"results/{name} is not in results/manifest.json")
         e = entries[name]
-        entries[name] = Entry(
-            e.path,
-            e.shows,
-            e.command,
-            e.depends,
-            head(root),
-            digest(e.depends, names, working_tree(root)),
-        )
+        code = digest(e.depends, names, working_tree(root))
+        if remeasured:
+            entries[name] = Entry(e.path, e.shows, e.command, e.depends, head(root), code)
+        else:
+            entries[name] = Entry(e.path, e.shows, e.command, e.depends, e.measured, code, e.stale)
     save(entries, root / "results" / "manifest.json")
 
 
@@ -313,12 +315,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--readme", action="store_true", help="rewrite results/README.md from the manifest"
     )
+    parser.add_argument(
+        "--unchanged",
+        nargs="+",
+        metavar="FILE",
+        help="record today's code for FILE, measured commit kept (a rename cannot move a figure)",
+    )
     args = parser.parse_args(argv)
     if args.refresh:
         refresh(args.refresh)
-    if args.readme or args.refresh:
+    if args.unchanged:
+        refresh(args.unchanged, remeasured=False)
+    if args.readme or args.refresh or args.unchanged:
         README.write_text(render(load()))
-    if args.check or not (args.refresh or args.readme):
+    if args.check or not (args.refresh or args.readme or args.unchanged):
         found = problems()
         for line in found:
             print(line)

@@ -101,3 +101,14 @@ def test_a_readme_edited_by_hand_is_named(project):
     readme = project / "results" / "README.md"
     readme.write_text(readme.read_text() + "a line by hand\n")
     assert any("not rendered from manifest.json" in p for p in rm.problems(project))
+
+
+def test_unchanged_keeps_the_measured_commit_and_its_note(project):
+    manifest = project / "results" / "manifest.json"
+    before = rm.load(manifest)["figure.md"]
+    (project / "code.py").write_text("def rate_of_noam():\n    return 2\n")  # a rename
+    assert rm.problems(project)
+    rm.refresh(["figure.md"], project, remeasured=False)
+    after = rm.load(manifest)["figure.md"]
+    assert after.measured == before.measured and after.code != before.code
+    assert not any("stale" in p for p in rm.problems(project))
