@@ -226,15 +226,30 @@ def pytest_unconfigure(config: pytest.Config) -> None:
             sys.meta_path.remove(finder)
 
 
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent that fails to import, a half-made module
+        return False
+
+
 def pytest_report_header(config: pytest.Config) -> list[str] | None:
     active = config.stash.get(_ACTIVE, None)
     if active is None:
         return None
-    return [
+    lines = [
         f"xfmr: self-check of {active.given} (your own code in plain subprocesses, no sandbox; "
         "not a grade)",
         f"xfmr: your suite imports it as {active.module} or takes the fixture `transformer`",
     ]
+    if not _installed("hypothesis"):
+        from harness.students.start import TEST_EXTRA
+
+        lines.append(
+            "xfmr: Hypothesis is not installed here (the grader runs your suite with it): "
+            f"the [test] extra installs it, {TEST_EXTRA}"
+        )
+    return lines
 
 
 @pytest.hookimpl(trylast=True)
