@@ -388,20 +388,35 @@ def traced_forward(params: Any, src: Any, tgt_in: Any, src_mask: Any, tgt_mask: 
     return oracle.forward(params, src, tgt_in, src_mask, tgt_mask, trace=True)
 
 
-def first_divergence(answer: Any, cfg: dict, b: dict[str, np.ndarray]) -> str:
+@dataclasses.dataclass
+class Walk:
+    """What one config's diagnosis judged, for a picture of it (xfmr check --html): every judged
+    point in order of computation (the walk's findings, then the logits'), and the walk's one
+    relative tolerance. Left empty where the diagnosis stopped before its walk."""
+
+    points: list[Finding] = dataclasses.field(default_factory=list)
+    tol: float = 0.0
+
+
+def first_divergence(
+    answer: Any, cfg: dict, b: dict[str, np.ndarray], seen: Walk | None = None
+) -> str:
     """The diagnosis of one config's forward pass, in a sentence or two. It never raises: the
     subject's answer is any plain data, and an error the diagnosis meets on it is said for this
-    config ("no diagnosis: <why>") instead of stopping the grade."""
+    config ("no diagnosis: <why>") instead of stopping the grade. `seen`, when given, receives
+    what the walk judged (the sentence is the same either way)."""
     try:
         with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # NaN in, NaN said
-            return divergence(answer, cfg, b)
+            return divergence(answer, cfg, b, seen)
     except Failure as e:  # the weights cannot be read, or no error model fits: nothing to compare
         return f"cannot compare: {e}"
     except Exception as e:  # the boundary: the diagnosis's own logic stays strict inside
         return f"no diagnosis: {type(e).__name__}: {str(e)[:300]}"
 
 
-def divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]) -> str:
+def divergence(
+    answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray], seen: Walk | None = None
+) -> str:
     """first_divergence's work, which raises on what it cannot read."""
     if not isinstance(answer, dict):
         raise TypeError(f"the probe's answer is a {type(answer).__name__}, not a mapping")
@@ -439,9 +454,13 @@ def divergence(answer: dict[str, Any], cfg: dict, b: dict[str, np.ndarray]) -> s
     found = walk(a, b)
     shape = boundaries([f for f in found if f.matched and not f.own]) + reading.note()
     if overall <= tol:
+        if seen is not None:
+            seen.points, seen.tol = [*found, Finding("logits", overall, "logits", own=True)], tol
         return f"the forward pass agrees with the oracle{shape}"
     departures = [f for f in found if f.departs]
     end = logits_finding(a, got, want, b["tgt_mask"])
+    if seen is not None:
+        seen.points, seen.tol = [*found, end], tol
     if end.departs:
         departures.append(end)
     if not a.outputs or not departures:
@@ -486,10 +505,11 @@ def say(f: Finding) -> str:
     return f"{f.where}{size}" + (f": {f.cause}" if f.cause else "")
 
 
-def diagnose(call: Call) -> dict[str, str]:
+def diagnose(call: Call, walks: dict[str, Walk] | None = None) -> dict[str, str]:
     """first_divergence on the golden test's inputs (the same weights, the same batches), per
     config. Never raises: what stops one config's diagnosis (the subject raising in the probe,
-    a worker that died, an answer it cannot read) is said for that config."""
+    a worker that died, an answer it cannot read) is said for that config. `walks`, when given,
+    receives each config's Walk (first_divergence's `seen`)."""
     found = {}
     for name, cfg, b in golden_inputs():
         try:
@@ -504,5 +524,6 @@ def diagnose(call: Call) -> dict[str, str]:
         except Exception as e:  # the boundary: a grade goes on whatever one config met
             found[name] = f"no diagnosis: {type(e).__name__}: {str(e)[:300]}"
             continue
-        found[name] = first_divergence({**answer, "state_dict": weights}, cfg, b)
+        seen = walks.setdefault(name, Walk()) if walks is not None else None
+        found[name] = first_divergence({**answer, "state_dict": weights}, cfg, b, seen)
     return found
