@@ -324,7 +324,7 @@ def generate(source: str) -> list[Mutation]:
     return list(unique.values())
 
 
-# Hand-made mutants for the README's clause -> test table, where no generated operator breaks
+# Hand-made mutants for docs/matrix.md's clause -> test table, where no generated operator breaks
 # exactly one clause (a call unwrapped, a constant scaled): catalog records, one patch each.
 
 
