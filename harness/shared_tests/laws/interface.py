@@ -4,6 +4,7 @@ through every entry point."""
 from __future__ import annotations
 
 import math
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -172,18 +173,56 @@ def check_validation(call: Call) -> None:
         "accepted: translate with the model's max_len": None,
     }
     got = call("bad_inputs", cfg=config(n_enc=1, n_dec=1, max_len=8), seed=22)
-    wrong = []
+    # (case, the error expected (None: none), what was raised (None: nothing))
+    wrong: list[tuple[str, str | None, dict[str, Any] | None]] = []
     for case, error in want.items():
         raised = got.get(case)
         if error is None:
             if raised is not None:
-                wrong.append(f"{case}: raised {raised['type']}, expected no error")
-        elif raised is None:
-            wrong.append(f"{case}: nothing raised, expected {error}")
-        elif error not in raised["bases"]:
-            wrong.append(f"{case}: raised {raised['type']}, expected {error}")
+                wrong.append((case, error, raised))
+        elif raised is None or error not in raised["bases"]:
+            wrong.append((case, error, raised))
     if wrong:
-        raise Failure("; ".join(wrong))
+        raise Failure(wrong_cases(wrong, len(want)))
+
+
+def wrong_cases(wrong: list[tuple[str, str | None, dict[str, Any] | None]], total: int) -> str:
+    """test_validation's message: a headline, then per thing that happened (nothing raised; a
+    class raised at the subject's line, or inside torch called from it) a line, and under it
+    its cases by the error each expected, wrapped."""
+    groups: dict[str, dict[str, list[str]]] = {}
+    for case, expected, raised in wrong:
+        group = groups.setdefault(happened(raised), {})
+        group.setdefault(expected or "no error", []).append(case)
+    lines = [
+        f"{len(wrong)} of {total} cases wrong: bad input must raise the contract's error class, "
+        "good input nothing"
+    ]
+    wrap = textwrap.TextWrapper(width=100, break_long_words=False, break_on_hyphens=False)
+    for what, by_error in groups.items():
+        wrap.initial_indent, wrap.subsequent_indent = "  ", "      "
+        lines += wrap.wrap(f"{what}:")
+        wrap.initial_indent = "    "
+        for error, cases in by_error.items():
+            lines += wrap.wrap(f"expected {error}: {'; '.join(cases)}")
+    return "\n".join(lines)
+
+
+def happened(raised: dict[str, Any] | None) -> str:
+    """What a bad input's call raised, and where: at the subject's own line, or inside a library
+    (torch) called from it, as the probe found the frames (bad_inputs)."""
+    if raised is None:
+        return "nothing raised"
+    said = f"raised {raised['type']}"
+    if raised["type"] == "NotImplementedError":  # the stub's name, or torch's missing forward
+        said += f"({raised.get('message', '')!r})"
+    if not raised.get("at"):
+        return said
+    if raised.get("yours"):
+        return f"{said} at your {raised['at']}"
+    inside = f"inside {raised['library']}" if raised.get("library") else "outside your code"
+    called = f", called from your {raised['from']}" if raised.get("from") else ""
+    return f"{said} {inside} at {raised['at']}{called}"
 
 
 @law(

@@ -3,7 +3,11 @@ input through every entry point raises."""
 
 from __future__ import annotations
 
+import sysconfig
+import traceback
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -128,17 +132,73 @@ def buffer_names(module, cfgs) -> list[list[str]]:
     ]
 
 
-def _raised(fn: Callable[[], Any]) -> dict[str, Any] | None:
+def catcher(module: ModuleType) -> Callable[[Callable[[], Any]], dict[str, Any] | None]:
+    """raised(fn): what `fn` raised on `module` (None: nothing): its class and bases, and for
+    the message alone (no verdict reads them) its first line and where it came from."""
+
+    def raised(fn: Callable[[], Any]) -> dict[str, Any] | None:
+        try:
+            fn()
+        except Exception as e:
+            return {
+                "type": type(e).__name__,
+                "bases": [c.__name__ for c in type(e).__mro__],
+                **origin(e, module),
+            }
+        return None
+
+    return raised
+
+
+def origin(e: BaseException, module: ModuleType) -> dict[str, Any]:
+    """Where an exception was raised, for a message: "message" (its first line, cut), "at" (the
+    innermost frame, file:line in function; "" if none), "yours" (that frame is the subject's
+    code: the raise, or a builtin it called, is on that line), "library" (else the library
+    whose file it is, "torch"; "" if it cannot be named) and "from" (else the subject's
+    innermost frame; "" if none). A NotImplementedError raised inside torch is so told from the
+    subject's own."""
     try:
-        fn()
-    except Exception as e:
-        return {"type": type(e).__name__, "bases": [c.__name__ for c in type(e).__mro__]}
-    return None
+        message = (str(e).strip().splitlines() or [""])[0][:160]
+    except Exception:  # a subject's exception whose __str__ fails
+        message = ""
+    own = Path(str(getattr(module, "__file__", None) or "<none>"))
+
+    def yours(filename: str) -> bool:
+        file = Path(filename)
+        return file == own or (own.is_absolute() and file.parent == own.parent)
+
+    def said(frame: traceback.FrameSummary) -> str:
+        return f"{_short(frame.filename, yours(frame.filename))}:{frame.lineno} in {frame.name}"
+
+    out: dict[str, Any] = {"message": message, "at": "", "yours": False, "library": "", "from": ""}
+    frames = traceback.extract_tb(e.__traceback__)
+    if frames:
+        last = frames[-1]
+        out["at"], out["yours"] = said(last), yours(last.filename)
+        if not out["yours"]:
+            inside, slash, _ = _short(last.filename, False).partition("/")
+            out["library"] = inside if slash else ""
+            mine = [f for f in frames if yours(f.filename)]
+            out["from"] = said(mine[-1]) if mine else ""
+    return out
+
+
+def _short(filename: str, subjects: bool) -> str:
+    """A file as a message names it: the subject's by its name, a library's by its path inside
+    site-packages (torch/nn/modules/module.py), the standard library's inside its folder."""
+    if subjects:
+        return Path(filename).name
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in filename:
+            return filename.rpartition(marker)[2]
+    stdlib = sysconfig.get_paths()["stdlib"] + "/"
+    return filename[len(stdlib) :] if filename.startswith(stdlib) else Path(filename).name
 
 
 @probe
 def bad_inputs(module, cfg, seed) -> dict[str, Any]:
     """Each bad input of CONTRACT.md's table, and what the subject raised (None: nothing)."""
+    _raised = catcher(module)
     model, _ = build(module, cfg, seed)
     T = torch.tensor
     src, tgt = T([[3, 4, 5]]), T([[1, 6, 7]])
@@ -174,6 +234,7 @@ def bad_inputs(module, cfg, seed) -> dict[str, Any]:
 def _bad_inputs_past_forward(module, model, cfg, src, tgt, ok) -> dict[str, Any]:
     """The bad inputs of CONTRACT.md's table through the other entry points: decode, init_state,
     decode_step, fit and translate."""
+    _raised = catcher(module)
     with torch.no_grad():
         memory = model.encode(src, ok)
     T = torch.tensor
