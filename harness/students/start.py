@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -28,6 +29,8 @@ CONTRACT_MD = PROJECT_ROOT / "CONTRACT.md"
 STUB = "transformer.py"
 TESTS = "tests"
 WIDTH = 88  # the stub's signatures are wrapped to this width (ruff's default line length)
+# pytest --xfmr and check --suite need pytest and Hypothesis: the [test] extra (pyproject.toml)
+TEST_EXTRA = "pip install 'xfmr-oracle[test]' (a checkout: pip install -e '.[test]')"
 
 # The validation the contract's bad-input table asks of the config (impl checks it in
 # __post_init__): a definition of the stub the contract does not name, stubbed like the others.
@@ -256,6 +259,10 @@ tinyllm.xfmr.transformer. Do not define a fixture named `transformer` here: it w
 hide the one the grader gives.
 """
 
+import importlib.util
+import os
+import sys
+
 import pytest
 
 
@@ -265,7 +272,53 @@ def tiny_config():
     return dict(
         src_vocab=11, tgt_vocab=11, d_model=16, n_heads=2, d_ff=32, n_enc=1, n_dec=1
     )
-'''
+
+
+# --xfmr is xfmr-oracle's pytest plugin. A pytest that has not loaded it would stop at
+# "unrecognized arguments: --xfmr"; these two hooks say why instead (nothing else).
+XFMR_OPTIONS = {
+    "--xfmr": "xfmr",
+    "--xfmr-module": "xfmr_module",
+    "--xfmr-tests": "xfmr_tests",
+}
+TEST_EXTRA = "@TEST_EXTRA@"
+
+
+def pytest_addoption(parser, pluginmanager):
+    if not pluginmanager.has_plugin("xfmr"):
+        for option in XFMR_OPTIONS:
+            parser.addoption(option, help="(xfmr-oracle's plugin is not loaded)")
+
+
+def pytest_configure(config):
+    plugins = config.pluginmanager
+    if plugins.has_plugin("xfmr"):
+        return
+    if not any(config.getoption(dest, None) for dest in XFMR_OPTIONS.values()):
+        return
+    try:
+        installed = bool(importlib.util.find_spec("harness.students.pytest_plugin"))
+    except ImportError:
+        installed = False
+    if plugins.is_blocked("xfmr"):
+        why = "it is turned off here (-p no:xfmr): leave that out"
+    elif installed and os.environ.get("PYTEST_DISABLE_PLUGIN_AUTOLOAD"):
+        why = "PYTEST_DISABLE_PLUGIN_AUTOLOAD is set: add -p xfmr"
+    elif installed:
+        why = (
+            "xfmr-oracle is importable here, but pytest did not load its plugin:\\n"
+            f"  add -p harness.students.pytest_plugin, or reinstall it: {TEST_EXTRA}"
+        )
+    else:
+        why = (
+            f"this pytest runs on {sys.executable},\\n"
+            "  where xfmr-oracle is not installed. Install pytest beside xfmr-oracle,\\n"
+            f"  its [test] extra: {TEST_EXTRA};\\n"
+            "  then run that environment's pytest (python -m pytest)"
+        )
+    said = "this pytest has not loaded xfmr-oracle's plugin"
+    raise pytest.UsageError(f"--xfmr: {said}:\\n  {why}")
+'''.replace('"@TEST_EXTRA@"', repr(TEST_EXTRA))
 
 EXAMPLE_TEST = '''"""Example tests: two clauses of the contract (CONTRACT.md), checked by hand.
 
@@ -297,8 +350,10 @@ body raises NotImplementedError until you write it. Your own tests go in `tests/
    passes as soon as what it needs works (write noam_rate first: test_hand_example_noam).
 2. `pytest --xfmr=transformer.py`: the same tests as pytest items; with paths, name your
    file among them to run both (`pytest --xfmr=transformer.py transformer.py tests/`).
+   pytest and Hypothesis come with xfmr-oracle's `[test]` extra: `pip install
+   'xfmr-oracle[test]'` (a checkout: `pip install -e '.[test]'`).
 3. `xfmr check --suite tests/`: the mutation grade of your tests (how many of the course's
-   pitfall mutants they catch).
+   pitfall mutants they catch; it needs the `[test]` extra too).
 4. `xfmr milestone --submission transformer.py --smoke`: your own model trained on reversed
    addition, its translations, and the LayerNorm demo (post-LN vs pre-LN without warmup);
    without --smoke, the full milestone MS-L5 (exact match 0.98 on held-out sums).
@@ -360,8 +415,8 @@ def run_start(args: argparse.Namespace) -> int:
     print("\n".join(f"wrote {p}" for p in written))
     steps = [
         (f"xfmr check {stub_path}", "the shared tests on your code"),
-        (f"pytest --xfmr={stub_path} {stub_path} {tests}/", "the same, and your own tests"),
-        (f"xfmr check --suite {tests}/", "the mutation grade of your tests"),
+        (f"pytest --xfmr={stub_path} {stub_path} {tests}/", "the same, and your own tests *"),
+        (f"xfmr check --suite {tests}/", "the mutation grade of your tests *"),
         (f"xfmr milestone --submission {stub_path} --smoke", "train your model, the LN demo"),
         (f"xfmr diff {stub_path}", "after a full pass: beside the reference"),
     ]
@@ -371,4 +426,7 @@ def run_start(args: argparse.Namespace) -> int:
         "test takes your module as the fixture `transformer`). See README.md there.\nNext:"
     )
     print("\n".join(f"  {command:<{width}}  # {what}" for command, what in steps))
+    missing = [m for m in ("pytest", "hypothesis") if importlib.util.find_spec(m) is None]
+    here = f" ({' and '.join(missing)} not installed here)" if missing else ""
+    print(f"* needs pytest and Hypothesis, xfmr-oracle's [test] extra{here}: {TEST_EXTRA}")
     return 0

@@ -182,3 +182,75 @@ def test_pytest_xfmr_on_the_stub_says_not_implemented_and_runs_the_example_tests
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 passed" in done.stdout
+
+
+def test_next_and_the_readme_say_pytest_needs_the_test_extra(tmp_path, capsys):
+    assert main(["start", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    [line] = [x for x in out.splitlines() if x.lstrip().startswith("pytest --xfmr")]
+    assert line.endswith("*")  # the footnote: what it needs
+    assert "* needs pytest and Hypothesis, xfmr-oracle's [test] extra" in out
+    assert out.rstrip().endswith(start.TEST_EXTRA)
+    readme = (tmp_path / "README.md").read_text()
+    assert "`[test]` extra: `pip install\n   'xfmr-oracle[test]'`" in readme
+
+
+# A pytest of another environment: xfmr-oracle neither importable nor among its distributions
+# (so no pytest11 entry point), as where pytest was installed without the [test] extra
+WITHOUT_XFMR = """
+import importlib.abc, importlib.metadata, sys
+
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "harness":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, Absent())
+every = importlib.metadata.distributions
+importlib.metadata.distributions = lambda **kw: [
+    d for d in every(**kw) if d.metadata["Name"] != "xfmr-oracle"
+]
+import pytest
+
+sys.exit(pytest.main(sys.argv[1:]))
+"""
+
+
+def _pytest_in(folder: Path, *args: str, without_xfmr: bool = False):
+    prefix = ["-c", WITHOUT_XFMR] if without_xfmr else ["-m", "pytest"]
+    return subprocess.run(
+        [sys.executable, *prefix, "-p", "no:cacheprovider", *args],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        timeout=120,
+    )
+
+
+def test_pytest_without_xfmrs_plugin_says_how_to_install_it(tmp_path):
+    assert main(["start", str(tmp_path)]) == 0
+    # both forms of the README's step 2: the implementation alone, and with the tests folder
+    for args in (["--xfmr=transformer.py"], ["--xfmr=transformer.py", "transformer.py", "tests"]):
+        done = _pytest_in(tmp_path, *args, without_xfmr=True)
+        said = done.stdout + done.stderr
+        assert done.returncode == pytest.ExitCode.USAGE_ERROR, said
+        assert "unrecognized arguments" not in said
+        assert "--xfmr: this pytest has not loaded xfmr-oracle's plugin:" in said
+        assert "where xfmr-oracle is not installed" in said
+        assert "pip install 'xfmr-oracle[test]'" in said
+    # installed, but turned off: said so, with no advice to install
+    done = _pytest_in(tmp_path, "-p", "no:xfmr", "--xfmr=transformer.py")
+    said = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, said
+    assert "it is turned off here (-p no:xfmr)" in said and "pip install" not in said
+
+
+def test_with_xfmrs_plugin_the_conftest_stays_out_of_the_way(tmp_path):
+    assert main(["start", str(tmp_path)]) == 0
+    done = _pytest_in(
+        tmp_path, "--xfmr=transformer.py", "--xfmr-tests=test_hand_example_noam",
+        "transformer.py", "tests", "--collect-only", "-q",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "transformer.py::test_hand_example_noam" in done.stdout
+    assert "3 tests collected" in done.stdout
