@@ -38,17 +38,22 @@ from harness.isolation.local import confinement, local, workspace
 from harness.isolation.sandbox import UnsafeInput, staged
 from harness.isolation.worker import (
     LOAD_TIMEOUT,
+    SubjectRaised,
+    WorkerDied,
+    WorkerTimeout,
     printable,
 )
 from harness.jobs import mutation_score as scoring
 from harness.options import positive, usage_error
 from harness.records import Grade
+from harness.reports import check_page
 from harness.reports import grade as grade_report
 from harness.reports import score as score_report
 from harness.reports.writer import report_path_problem, write_all
 from harness.shared_tests.laws import SHARED_TESTS
+from harness.shared_tests.pictures import measure
 from harness.shared_tests.record import Test
-from harness.subjects import Subject
+from harness.subjects import Kind, Subject
 
 # How a self-check's workers ran: every report of one says so (the grade's `isolation` field).
 SELF_CHECK = "SELF-CHECK, not a grade: your own code, run on this machine without a sandbox"
@@ -231,6 +236,12 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
         "--time-limit", type=positive(float), metavar="S", help="cap every test's limit (seconds)"
     )
     parser.add_argument("--json", metavar="FILE", help="the self-check's grade as JSON")
+    parser.add_argument(
+        "--html",
+        metavar="FILE",
+        help="the self-check as one page to open in a browser: each test's verdict, the "
+        "diagnosis, and pictures of a mask or value fault (no script, no network)",
+    )
     parser.add_argument("--suite-json", metavar="FILE", help="the suite's score as JSON")
     parser.add_argument(
         "--jobs", type=positive(int), default=None, help="subjects at once for --suite (CPUs)"
@@ -242,6 +253,32 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help=f"--suite: generated mutants drawn ({scoring.GENERATED}; 0: none)",
     )
+
+
+def page_pictures(submission: str, g: Grade) -> check_page.Pictures:
+    """The pictures `g` calls for (check_page.wanted), measured on the submission in one more of
+    the self-check's workers (harness.shared_tests.pictures); one that could not be is a note."""
+    grids, bars = check_page.wanted(g)
+    found = check_page.Pictures()
+    if not (grids or bars):
+        return found
+    shown = Path(submission)
+    path = grading.submitted(shown)
+    with local_workers(path, grading.folder_of(shown, path)) as placement:
+        try:
+            worker = placement.launch(Subject(path.stem, Kind.SUBMISSION, path=str(path))).worker()
+        except (SubjectRaised, WorkerDied, WorkerTimeout) as e:
+            found.notes.append(f"The pictures could not be measured: {type(e).__name__}: {e}")
+            return found
+        try:
+            deadline = time.monotonic() + LOAD_TIMEOUT + 60.0
+            call = lambda probe, **inputs: worker.call(probe, deadline, **inputs)  # noqa: E731
+            found.grids, found.bars, found.notes = measure(call, grids, bars)
+        except (SubjectRaised, WorkerDied, WorkerTimeout) as e:
+            found.notes.append(f"The pictures could not be measured: {type(e).__name__}: {e}")
+        finally:
+            worker.close()
+    return found
 
 
 def _selected(names: str | None) -> list[Test] | str:
@@ -257,7 +294,7 @@ def _selected(names: str | None) -> list[Test] | str:
 def run_check(args: argparse.Namespace) -> int:
     if not args.submission and not args.suite:
         return usage_error("check", "name your transformer.py, or --suite DIR, or both")
-    for report in (args.json, args.suite_json):
+    for report in (args.json, args.suite_json, args.html):
         if report and (problem := report_path_problem(report)):
             return usage_error("check", f"cannot write a report: {problem}")
     try:
@@ -273,7 +310,9 @@ def run_check(args: argparse.Namespace) -> int:
         print(text(g), flush=True)
         if g.error:
             print(f"xfmr check: checker error (exit 3):\n{g.error}", file=sys.stderr)
-        written = write_all("check", [(args.json, lambda: grade_report.to_json(g))])
+        pictures = page_pictures(args.submission, g) if args.html else None
+        reports = [(args.json, lambda: grade_report.to_json(g))]
+        written = write_all("check", [*reports, (args.html, lambda: check_page.page(g, pictures))])
         statuses.append(3 if g.error else 2 if not written else 0 if g.passed else 1)
     if args.suite:
         if args.submission:
