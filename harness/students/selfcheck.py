@@ -294,6 +294,8 @@ def _selected(names: str | None) -> list[Test] | str:
 def run_check(args: argparse.Namespace) -> int:
     if not args.submission and not args.suite:
         return usage_error("check", "name your transformer.py, or --suite DIR, or both")
+    if args.html and not args.submission:
+        return usage_error("check", "--html is the shared tests' page: name your transformer.py")
     for report in (args.json, args.suite_json, args.html):
         if report and (problem := report_path_problem(report)):
             return usage_error("check", f"cannot write a report: {problem}")

@@ -85,6 +85,17 @@ def test_a_worker_that_dies_leaves_a_note_not_an_exception(tmp_path, monkeypatch
     assert selfcheck.page_pictures(str(sub), a_grade(())) == check_page.Pictures()
 
 
+def test_html_without_a_submission_or_with_an_unwritable_path_is_a_usage_error(tmp_path, capsys):
+    page = tmp_path / "page.html"
+    assert main(["check", "--suite", str(tmp_path), "--html", str(page)]) == 2
+    assert "--html is the shared tests' page" in capsys.readouterr().err
+    sub = tmp_path / "transformer.py"
+    sub.write_text("")
+    assert main(["check", str(sub), "--html", str(tmp_path / "no" / "page.html")]) == 2
+    assert "cannot write a report" in capsys.readouterr().err
+    assert not page.exists()
+
+
 # --- the real command, read back in Chromium ---------------------------------------------------
 
 
