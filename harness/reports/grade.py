@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import textwrap
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,16 @@ from harness.isolation.staging import (
 from harness.isolation.worker import printable
 from harness.options import SANDBOX
 from harness.outcomes import Outcome
-from harness.records import Grade
+from harness.records import Grade, TestResult
 
 # JUnit's element for an outcome that is not a pass (a crash and a hang are errors, not failures)
 _CHUNK = 1 << 20  # what one read of a hashed file holds
+
+# How the text marks a test that is not a pass: a failed verdict is the submission's failure
+# (KILLED is the matrix's word, for a mutant)
+_MARKS = {Outcome.KILLED: "FAIL"}
+MESSAGE_LINES = 8  # of each failure's message in the text (the JSON report holds it whole)
+_WRAP = textwrap.TextWrapper(width=100, initial_indent="  ", subsequent_indent="      ")
 
 _JUNIT = {
     Outcome.KILLED: "failure",
@@ -47,7 +54,7 @@ def text(g: Grade) -> str:
         lines += [printable(g.rejected), ""]
     width = max(len(printable(t.name)) for t in g.tests)
     for t in g.tests:
-        mark = "PASS" if t.passed else t.outcome.value.upper()
+        mark = "PASS" if t.passed else _MARKS.get(t.outcome, t.outcome.value.upper())
         name = printable(t.name)
         points = f"{t.score:g}/{t.max_score:g}"
         lines.append(f"  {mark:<8} {name:<{width}}  {points}  {t.seconds:6.2f} s")
@@ -55,12 +62,9 @@ def text(g: Grade) -> str:
     if failures and g.error and len({t.message for t in failures}) == 1:
         # the grader's own failure, the same for every test: said once
         lines += ["", "Why (every test):"]
-        lines += [f"  {line}" for line in printable(failures[0].message).splitlines()[:8]]
+        lines += _said(printable(failures[0].message).splitlines(), "  ")
     elif failures:
-        lines += ["", "Why:"]
-        for t in failures:
-            lines.append(f"  {printable(t.name)} ({t.law})")
-            lines += [f"    {line}" for line in printable(t.message).splitlines()[:8]]
+        lines += ["", "Why:", *_why(failures, g.tests)]
     passed = f"{sum(t.passed for t in g.tests)}/{len(g.tests)} tests passed"
     if g.error:  # nothing the grader could not judge is charged
         score = f"Score: none: a grader error, nothing was charged ({passed}) in {g.seconds:.1f} s"
@@ -71,6 +75,55 @@ def text(g: Grade) -> str:
         each = ", ".join(f"{x:.1f}" for x in g.start_seconds)
         lines.append(f"Worker start-up (process, interpreter, torch, the submission): {each} s")
     return "\n".join(lines)
+
+
+def _why(failures: list[TestResult], tests: list[TestResult]) -> list[str]:
+    """Why each failure failed, one entry per distinct error: a test alone as its name and law,
+    then its message; tests whose messages start with the same line (a submission that does
+    not load, one definition not written yet) as one entry naming them, the error said once."""
+    groups: dict[str, list[TestResult]] = {}
+    for t in failures:
+        groups.setdefault((printable(t.message).splitlines() or [""])[0], []).append(t)
+    lines = []
+    for first, alike in groups.items():
+        if len(alike) == 1:
+            t = alike[0]
+            lines.append(f"  {printable(t.name)} ({t.law})")
+            lines += _said(printable(t.message).splitlines(), "    ")
+            continue
+        said = f"{len(alike)} tests: {', '.join(printable(t.name) for t in alike)}"
+        if len(alike) == len(tests):
+            said = f"every test ({len(tests)})"
+        elif len(alike) > len(tests) / 2:  # the few it leaves out are the shorter list
+            others = [printable(t.name) for t in tests if t not in alike]
+            said = f"{len(alike)} of {len(tests)} tests, all but {', '.join(others)}"
+        lines += _WRAP.wrap(f"{said}:")
+        error = first.removeprefix("failed: ")
+        rest: list[
+            str
+        ] = []  # each test's further lines, once, those that say the error again aside
+        for t in alike:
+            for line in printable(t.message).splitlines()[1:]:
+                if error not in line and not _points_within(line, alike) and line not in rest:
+                    rest.append(line)
+        lines += _said([first, *rest], "    ")
+    return lines
+
+
+def _points_within(line: str, alike: list[TestResult]) -> bool:
+    """A line that points to another test of the same entry for what is said there."""
+    return line.startswith("(") and any(f"under {t.name})" in line for t in alike)
+
+
+def _said(message: list[str], indent: str) -> list[str]:
+    """A message's first MESSAGE_LINES lines, and how many more the JSON report holds."""
+    shown = [f"{indent}{line}" for line in message[:MESSAGE_LINES]]
+    if len(message) > MESSAGE_LINES:
+        more = len(message) - MESSAGE_LINES
+        shown.append(
+            f"{indent}({more} more line{'s' * (more > 1)} in the JSON report: --json FILE)"
+        )
+    return shown
 
 
 def sha256_of(path: str | Path) -> str:
