@@ -108,7 +108,8 @@ def translations(
     paths=None,
     save_load=True,
 ):
-    """translate under each (beam_size, length_penalty) with the parent's weights loaded, the
+    """translate under each (beam_size, length_penalty) with the parent's weights loaded (a
+    setting of one number or none leaves the rest out: the contract's defaults in effect), the
     training mode it leaves, a save_transformer / load_transformer round trip (unless
     `save_load` is false: a search judged on its own never touches them), and the forward
     logits along the parent's decoding `paths` ({"tgt_in", "tgt_mask"}), so the parent can tell
@@ -124,8 +125,8 @@ def translations(
         for sub in contract_modules(model).values()
     ]
     types: set[str] = set()
-    for beam, penalty in settings:
-        out = module.translate(model, src, bos, eos, pad_id, max_len, beam, penalty)
+    for setting in settings:  # [beam_size, length_penalty], or fewer: the rest left out
+        out = module.translate(model, src, bos, eos, pad_id, max_len, *setting)
         outputs.append([[int(tok) for tok in row] for row in out])
         modes.append(model.training)
         types |= {type(out).__name__} | {type(row).__name__ for row in out}

@@ -44,12 +44,35 @@ def _fit(module, model, data, seed, **kw) -> dict[str, Any]:
 
 
 @probe
-def fit_runs(module, cfg, data, steps, batch, warmup, factor, lr, fit_seed, weights=None, seed=0):
+def fit_runs(
+    module,
+    cfg,
+    data,
+    steps,
+    batch,
+    warmup,
+    factor,
+    lr,
+    fit_seed,
+    weights=None,
+    seed=0,
+    left_out=None,
+):
     """fit on one initial model: twice with the Noam schedule and the same seed, once with a
-    constant rate, once from eval mode, and one update whose parameter change shows its rate."""
+    constant rate, once from eval mode, and one update whose parameter change shows its rate.
+    left_out (optional) {run name: [argument names]}: the arguments that run's call of fit leaves
+    out (the contract's defaults then in effect)."""
     model, dtype = build(module, cfg, seed, only=training_dtype(), weights=weights)
     init = {name: t.clone() for name, t in model.state_dict().items()}
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor}
+    left_out = left_out or {}
+
+    def run(name: str, **given: Any) -> dict[str, Any]:
+        dropped = set(left_out.get(name, ()))
+        return _fit(
+            module, model, data, fit_seed, **{k: v for k, v in given.items() if k not in dropped}
+        )
+
     runs = {}
     for global_seed, (name, mode, extra) in enumerate(
         (
@@ -62,17 +85,17 @@ def fit_runs(module, cfg, data, steps, batch, warmup, factor, lr, fit_seed, weig
         model.load_state_dict(init)
         model.train(mode)
         torch.manual_seed(1000 + global_seed)  # fit's draws come from its seed, not from this
-        runs[name] = _fit(module, model, data, fit_seed, **kw, **extra)
+        runs[name] = run(name, **kw, **extra)
     # edge sizes the contract allows: no update at all, and batches of one row
     model.load_state_dict(init)
-    runs["no_steps"] = _fit(module, model, data, fit_seed, **{**kw, "steps": 0})
+    runs["no_steps"] = run("no_steps", **{**kw, "steps": 0})
     runs["no_steps"]["moved"] = max(
         float((t - init[n]).abs().max()) for n, t in model.state_dict().items()
     )
-    runs["batch_one"] = _fit(module, model, data, fit_seed, **{**kw, "steps": 2, "batch": 1})
+    runs["batch_one"] = run("batch_one", **{**kw, "steps": 2, "batch": 1})
     model.load_state_dict(init)
     model.train()
-    one = _fit(module, model, data, fit_seed, **{**kw, "steps": 1})
+    one = run("one_step", **{**kw, "steps": 1})
     after = model.state_dict()
     delta = max(float((after[n] - init[n]).abs().max()) for n in init)
     return {"dtype": dtype, "runs": runs, "one_step": one, "max_first_update": delta}
@@ -240,9 +263,14 @@ def learn(
     weights=None,
     seed=0,
     first=None,
+    left_out=(),
 ):
     """fit for up to `steps` updates; the trained weights, which the parent judges with the
     oracle (never the subject's own logits or loss).
+
+    left_out (optional): the names of fit's arguments both calls of fit leave out (warmup,
+    factor, seed: the contract's defaults then in effect; the parent leaves out only what is
+    the contract's default or, with lr given, has no effect).
 
     weights (optional): the parent's initial weights, loaded before training.
 
@@ -267,6 +295,7 @@ def learn(
     (harness/shared_tests/updates.py) and judges only weights its replay reached.
     """
     kw = {"steps": steps, "batch": batch, "warmup": warmup, "factor": factor, "lr": lr}
+    kw = {k: v for k, v in {**kw, "seed": seed}.items() if k not in set(left_out)}
     first_update = None
     if first is not None:
         one, one_dtype = build(module, cfg, seed, only=training_dtype(), weights=first["weights"])
@@ -274,8 +303,7 @@ def learn(
         grads = own_gradient(module, one, first["data"], first["smoothing"])
         one_losses = module.fit(
             one, tensor_of(first["data"]["src"]), tensor_of(first["data"]["tgt"]),
-            pad_id=first["data"]["pad_id"], seed=seed,
-            **{**kw, "steps": 1, "batch": rows},
+            pad_id=first["data"]["pad_id"], **{**kw, "steps": 1, "batch": rows},
         )  # fmt: skip
         first_update = {
             "dtype": one_dtype,
@@ -325,7 +353,7 @@ def learn(
         with recorder:
             losses = module.fit(
                 model, tensor_of(data["src"]), tensor_of(data["tgt"]), pad_id=data["pad_id"],
-                seed=seed, callback=callback, **kw,
+                callback=callback, **kw,
             )  # fmt: skip
         losses = [float(x) for x in losses]
     except _Stop:
