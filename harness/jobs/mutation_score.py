@@ -406,7 +406,8 @@ def scored(
     false_alarms: dict[str, list[str]] = {}
     for test, subject, outcome, message in raw.false_alarms:
         first = message.strip().splitlines()[-1] if message.strip() else ""
-        false_alarms.setdefault(test, []).append(f"{subject}: {outcome.value}: {first}"[:300])
+        said = score_report.TEST_WORDS[outcome]  # the student's test failed there, not "killed"
+        false_alarms.setdefault(test, []).append(f"{subject}: {said}: {first}"[:300])
     honest = [t for t in tests if t not in false_alarms]
     kill_sets = {m: frozenset(k & set(honest)) for m, k in raw.kill_sets.items()}
     status = {m: mutant_outcome([run.cell(t, m).outcome for t in honest]) for m in kill_sets}

@@ -25,6 +25,17 @@ from mutants import catalog, generated_catalog
 
 Z90 = 1.6448536269514722  # the standard normal's 95th percentile: a two-sided 90% interval
 VISIBILITIES = ("visible", "hidden", "after_due_date", "after_published")  # Gradescope's
+# What the student reads (issue 48): their test *failed* or passed on a subject, and a mutant is
+# *caught* (some test of theirs failed on it) or *missed*. "killed" and "survived" stay the
+# matrix's and the machine-read reports' words (JSON, Stryker's schema).
+TEST_WORDS = {
+    Outcome.PASSED: "passed",
+    Outcome.KILLED: "failed",
+    Outcome.ERROR: "error",
+    Outcome.TIMEOUT: "timed out",
+    Outcome.NOT_APPLICABLE: "not run",
+}
+CAUGHT, MISSED = "caught", "MISSED"
 
 
 def wilson(k: int, n: int, z: float = Z90) -> tuple[float, float]:
@@ -74,7 +85,7 @@ class Generated:
 
     def line(self) -> str:
         lo, hi = self.interval
-        return f"generated: {self.k} of {self.n} killed, 90% interval {lo:.2f}-{hi:.2f} (Wilson)"
+        return f"generated: {self.k} of {self.n} caught, 90% interval {lo:.2f}-{hi:.2f} (Wilson)"
 
 
 def generated(s: Score) -> Generated:
@@ -100,7 +111,7 @@ def generated_text(g: Generated) -> list[str]:
     ]
     missed = {c: v for c, v in g.per_clause().items() if v[0] < v[1]}
     if missed:
-        lines.append("  missed, per contract clause (survived of drawn):")
+        lines.append("  missed, per contract clause (missed of drawn):")
         for c, (hit, drawn) in missed.items():
             never = "  NEVER TESTED" if hit == 0 else ""
             lines.append(f"    {drawn - hit} of {drawn}  {generated_catalog.CLAUSES[c]}{never}")
@@ -117,20 +128,20 @@ def text(s: Score, tests_dir: str) -> str:
     lines.append("")
     for name in ("impl", "torch_copy"):
         row = [s.run.cell(t, name).outcome for t in s.tests]
-        counts = ", ".join(f"{row.count(o)} {o.value}" for o in Outcome if row.count(o))
+        counts = ", ".join(f"{row.count(o)} {TEST_WORDS[o]}" for o in Outcome if row.count(o))
         lines.append(f"  {name:<11} correct  {counts or 'no tests'}")
     for m in catalog.PITFALLS:
         status = s.summary.status[m]
         killers = sorted(s.summary.kill_sets[m])
-        verdict = "killed" if status.detected else "SURVIVED"
+        verdict = CAUGHT if status.detected else MISSED
         required = "*" if m in REQUIRED else " "
         lines.append(f"  {m}{required}        {verdict:<8} {catalog.get(m).pitfall}")
         if killers:
             names = ", ".join(_short(k) for k in killers)
             cut = names if len(names) <= 80 else names[:77] + "..."
-            lines.append(f"      by {len(killers)}: {cut}")
+            lines.append(f"      caught by {len(killers)}: {cut}")
     if s.false_alarms:
-        lines += ["", "False alarms (fail on a correct subject, so they kill nothing):"]
+        lines += ["", "False alarms (fail on a correct subject, so they catch nothing):"]
         for test, where in s.false_alarms.items():
             lines.append(f"  {test}")
             lines += [f"    {w}" for w in where]
@@ -143,7 +154,7 @@ def text(s: Score, tests_dir: str) -> str:
     lines += [
         "",
         f"Score: {len(s.killed) if not s.invalid else 0}/{len(catalog.PITFALLS)} = {s.score:.2f} "
-        f"(* = must be killed: {_ids(REQUIRED)}"
+        f"(* = must be caught: {_ids(REQUIRED)}"
         f"{'; missing ' + ', '.join(missing) if missing else ''}); "
         f"pass needs those and >= {PASS_SCORE:.2f}: {'PASS' if s.passed else 'FAIL'}",
         f"wall {s.run.wall_seconds:.1f} s; worker start-up (process, interpreter, torch, the "
@@ -241,7 +252,9 @@ def gradescope(s: Score, generated_visibility: str = "visible") -> dict[str, Any
                 "score": 1.0 if killed else 0.0,
                 "max_score": 1.0,
                 "status": "passed" if killed else "failed",
-                "output": "killed" if killed else "survived: no test of yours failed on it",
+                "output": f"{CAUGHT}: a test of yours failed on it"
+                if killed
+                else "missed: no test of yours failed on it",
                 "output_format": "text",
                 "visibility": "visible",
             }

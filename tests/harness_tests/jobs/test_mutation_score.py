@@ -174,7 +174,7 @@ def test_the_generated_sample_is_reported_by_clause_and_never_decides_the_pass()
     clauses = {m.clause for m in g.mutants.values()}
     assert set(data["per_clause"]) == clauses and len(clauses) == 6  # one of each clause drawn
     text = report.text(s, "suite")
-    assert "generated: 2 of 6 killed, 90% interval 0.12-0.65 (Wilson)" in text
+    assert "generated: 2 of 6 caught, 90% interval 0.12-0.65 (Wilson)" in text
     assert "NEVER TESTED" in text
     results = report.gradescope(s, "hidden")
     (extra,) = [t for t in results["tests"] if t["name"].startswith("Generated")]
