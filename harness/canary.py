@@ -8,6 +8,9 @@ correct (impl, staged as a submission file and run through the very workers the 
 the same tier, limits, staging and load path). If it does not pass, the grade is a GRADER ERROR:
 nothing is charged, every report says so, and the cause and its fix are named.
 
+In the student kit (harness.jobs.kit) impl has no source file: its text is read from the
+kit's sealed blob (harness.sealed) and written only into the proof's private staging folder.
+
 A pass is kept per environment fingerprint (the interpreter, the torch build, the grader's
 version, the worker's and impl's code, the isolation tier and the limits): in this process, and
 on disk under the user's cache (XFMR_CANARY_CACHE, else XDG_CACHE_HOME or ~/.cache, then
@@ -21,7 +24,6 @@ import hashlib
 import json
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import threading
@@ -29,12 +31,14 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from harness import sealed
 from harness.outcomes import Outcome
 from harness.records import Grade
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # The known-correct subject and where the worker's own code lives (both part of the fingerprint).
 SUBJECT = PROJECT_ROOT / "impl" / "transformer.py"
+SUBJECT_REL = "impl/transformer.py"
 WORKER_CODE = PROJECT_ROOT / "harness" / "isolation" / "child"
 # The proof: loading the subject, the pushed weights, a forward and backward pass in both norms
 # and every tying, judged against the oracle (1-2 s after a worker's start-up).
@@ -62,10 +66,21 @@ def _torch_build() -> str:
         return f"torch unavailable: {type(e).__name__}"
 
 
+def subject_text() -> bytes | None:
+    """The known-correct subject's text: impl's source file, or in the student kit its sealed
+    text (harness.sealed); None where neither is there."""
+    try:
+        return SUBJECT.read_bytes()
+    except OSError:
+        found = sealed.sealed_texts().get(SUBJECT_REL)
+        return None if found is None else found.encode()
+
+
 def _code_hash() -> str:
     digest = hashlib.sha256()
-    files = [SUBJECT, *sorted(WORKER_CODE.rglob("*.py")), PROJECT_ROOT / "harness" / "wire.py"]
-    for path in files:
+    digest.update(SUBJECT_REL.encode())
+    digest.update(subject_text() or b"?")
+    for path in [*sorted(WORKER_CODE.rglob("*.py")), PROJECT_ROOT / "harness" / "wire.py"]:
         try:
             digest.update(path.relative_to(PROJECT_ROOT).as_posix().encode())
             digest.update(path.read_bytes())
@@ -149,9 +164,16 @@ def prove(environment: str, run: Callable[[Path], Grade]) -> str:
         if key in _proven or _cached(key):
             _proven[key] = ""
             return ""
+        text = subject_text()
+        if text is None:
+            return (
+                f"{GRADER_ERROR}: the known-correct model ({SUBJECT_REL}) is missing from this "
+                f"install, so the workers cannot be proven; nothing was charged. Fix: "
+                f"{fix_for('ModuleNotFoundError')}."
+            )
         with tempfile.TemporaryDirectory(prefix="xfmr-canary-") as folder:
             copy = Path(folder) / "transformer.py"
-            shutil.copyfile(SUBJECT, copy)
+            copy.write_bytes(text)
             try:
                 proof = run(copy)
             except Exception as e:  # the grader's own failure is a failed proof too

@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from importlib.metadata import version
 
+from harness import sealed
+
 
 @dataclass(frozen=True)
 class Command:
@@ -82,6 +84,12 @@ SECTIONS: tuple[tuple[str, tuple[Command, ...]], ...] = (
                 "summarize",
                 "harness.reports.grades",
                 "grade-batch's tables from a folder of collected Gradescope results.json files",
+            ),
+            Command(
+                "kit",
+                "harness.jobs.kit",
+                "the student kit: a wheel of the students' commands without the reference "
+                "(xfmr kit --out DIR; hand out the wheel and its INSTALL.txt)",
             ),
             Command(
                 "mutation-score",
@@ -203,8 +211,11 @@ def _usage() -> str:
     width = max(len(c.shown or c.name) for _, commands in SECTIONS for c in commands)
     lines = ["usage: xfmr COMMAND [options]"]
     for title, commands in SECTIONS:
-        lines += ["", f"{title}:"]
-        lines += [f"  {c.shown or c.name:<{width}}  {c.about}" for c in commands]
+        offered = [c for c in commands if sealed.offers(c.name, c.module)]  # the kit: its own
+        lines += ["", f"{title}:"] if offered else []
+        lines += [f"  {c.shown or c.name:<{width}}  {c.about}" for c in offered]
+    if sealed.in_kit():
+        lines += ["", "(the student kit: the staff commands are in the project's own install)"]
     lines += ["", "xfmr COMMAND --help shows a command's options."]
     return "\n".join(lines)
 
@@ -220,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"xfmr: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if refused := sealed.refusal(name):  # the student kit: a staff command, another Python
+        print(f"xfmr {name}: {refused}", file=sys.stderr)
         return 2
     module_name, about = COMMANDS[name]
     module = importlib.import_module(module_name)

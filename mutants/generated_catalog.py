@@ -166,7 +166,12 @@ def record(data: dict[str, Any]) -> Mutant:
 @cache
 def load(path: Path = PATH) -> tuple[Mutant, ...]:
     """Every mutant of the committed catalog, in its order."""
-    data = json.loads(path.read_text())
+    if path == PATH and not path.exists():  # the student kit: the catalog's text is sealed
+        from harness import sealed
+
+        data = json.loads(sealed.sealed_texts()["mutants/generated_catalog.json"])
+    else:
+        data = json.loads(path.read_text())
     return tuple(record(m) for m in data["mutants"])
 
 

@@ -18,7 +18,8 @@ a student who wrote the reference's code in their own words sees no difference.
 In the Gradescope autograder this is a course policy switch, off by default (`xfmr autograder
 gradescope --reveal-reference-after-pass`): run_autograder then calls `xfmr diff --grade
 grade.json --gradescope results.json`, which adds the diff to a full-score results.json as a
-test of 0 points; any other results.json is left as it was.
+test of 0 points; any other results.json is left as it was. The student kit (`xfmr kit`) holds
+no reference text: there, after a full pass, the command says where the course shows it.
 
 A front end like harness.students.selfcheck (it runs the self-check's tests): nothing below
 imports it.
@@ -442,8 +443,9 @@ def configure_diff(parser: argparse.ArgumentParser) -> None:
         "side-by-side page). Before that it refuses, naming the tests that still fail."
     )
     parser.epilog = (
-        "exit status: 0 the diff was shown; 1 refused (some shared test still fails); 2 bad "
-        "options, an unreadable grade, an unwritable report"
+        "exit status: 0 the diff was shown (in the student kit: where the course shows it); "
+        "1 refused (some shared test still fails); 2 bad options, an unreadable grade, an "
+        "unwritable report"
     )
     parser.add_argument("submission", help="your transformer.py (a file, a package, or its folder)")
     parser.add_argument(
@@ -490,6 +492,9 @@ def run_diff(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
+    if not REFERENCE.is_file():  # the student kit (harness.jobs.kit) holds no reference text
+        print(NOT_IN_KIT)
+        return 0
     m = matching(submission)
     said = text(m, args.as_written)
     if args.gradescope:
@@ -497,6 +502,14 @@ def run_diff(args: argparse.Namespace) -> int:
     print(said, end="")
     written = write_all("diff", [(args.html, lambda: page(m, str(submission), args.as_written))])
     return 0 if written else 2
+
+
+NOT_IN_KIT = (
+    "Every shared test passes. The reference is not in the student kit, so there is nothing "
+    "to diff against here: your course shows it where it decides, in the autograder after a "
+    "full pass (staff: xfmr autograder gradescope --reveal-reference-after-pass adds this diff "
+    "to a full-score result). Ask your course staff where."
+)
 
 
 def _into_gradescope(results: Path, said: str) -> int:

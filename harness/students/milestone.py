@@ -14,6 +14,7 @@ import sys
 from demos import milestone
 from demos.args import positive_int
 from demos.runtime import THREADS
+from harness import sealed
 
 
 def configure_milestone(parser: argparse.ArgumentParser) -> None:
@@ -41,5 +42,12 @@ def run_milestone(args: argparse.Namespace) -> int:
         return run_own_milestone(args)
     if args.smoke:
         print("xfmr milestone: error: --smoke needs --submission", file=sys.stderr)
+        return 2
+    if sealed.in_kit():  # the course's MS-L5 trains impl, which the student kit does not hold
+        print(
+            "xfmr milestone: error: the student kit runs the milestone on your own model: give "
+            "--submission transformer.py",
+            file=sys.stderr,
+        )
         return 2
     return milestone.run_milestone(args)
