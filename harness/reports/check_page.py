@@ -131,7 +131,8 @@ def grid_svg(grid: Grid, panel: str) -> str:
     longest = max((len(c) for c in grid.cols), default=1)
     left, top = 64, 14 + round(longest * 5.6)  # the column labels, rotated, above the cells
     n_rows, n_cols = len(grid.rows), len(grid.cols)
-    width, height = left + n_cols * CELL + 8, top + n_rows * CELL + 8
+    width = left + n_cols * CELL + 8 + round(longest * 3.2)  # the last label leans right
+    height = top + n_rows * CELL + 8
     out = [
         f'<svg class="grid {panel}" id="grid-{esc(grid.key)}-{panel}" width="{width}" '
         f'height="{height}" viewBox="0 0 {width} {height}" role="img">',
