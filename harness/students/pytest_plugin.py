@@ -115,6 +115,9 @@ class _Active:
         self.module = config.option.xfmr_module
         self.names = [n for n in (config.option.xfmr_tests or "").split(",") if n]
         self.runner: Any = None  # harness.grading.Grading, made at the first shared item
+        # a failure's first line -> the first shared test that failed so: the others say so
+        # instead of repeating it (a submission that does not load fails every test alike)
+        self.first_with: dict[str, str] = {}
         # a student's folder (transformer.py and its helpers): the module path's parent package
         # is that folder, so its relative imports resolve, and the folder is on sys.path
         here = given.resolve()
@@ -303,7 +306,14 @@ class SharedTest(pytest.Item):
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style=None) -> str:  # noqa: ANN001
         if isinstance(excinfo.value, SharedTestFailed):
-            return f"{excinfo.value}\n(the law of {self.test.name}: {self.test.law})"
+            message = str(excinfo.value)
+            first = (message.splitlines() or [""])[0]
+            owner = self.config.stash[_ACTIVE].first_with.setdefault(first, self.name)
+            if owner != self.name:  # its own further lines, but none saying the error again
+                error = first.removeprefix("failed: ")
+                rest = [line for line in message.splitlines()[1:] if error not in line]
+                return "\n".join([f"the same error as {owner} (its message is there)", *rest])
+            return f"{message}\n(the law of {self.test.name}: {self.test.law})"
         return str(super().repr_failure(excinfo, style))
 
     def reportinfo(self) -> tuple[Path, int | None, str]:

@@ -47,3 +47,23 @@ def test_without_hypothesis_the_header_says_to_install_the_test_extra(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "xfmr: self-check of transformer.py" in done.stdout
     assert "Hypothesis is not installed" not in done.stdout
+
+
+def test_an_error_every_shared_test_shares_is_printed_once(tmp_path):
+    # a submission importing a module that is not installed: every shared test fails alike;
+    # the first says the error, the others point to it
+    (tmp_path / "transformer.py").write_text("import notamodule_xyz\n")
+    (tmp_path / "tests").mkdir()
+    names = "test_hand_example_noam,test_golden_torch,test_validation"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--xfmr=transformer.py"]
+        + [f"--xfmr-tests={names}", "-rN"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stdout.count("No module named 'notamodule_xyz'") == 1, done.stdout
+    assert done.stdout.count("the same error as test_hand_example_noam (its message is there)") == 2
+    assert "3 failed" in done.stdout
