@@ -441,7 +441,8 @@ def check_beam_search_matches_oracle(call: Call) -> None:
     if compared == 0:
         if r["dtype"] in ("bfloat16", "float16"):
             # a 16-bit subject's log-probabilities move by more than the searches' choices are
-            # apart on these inputs: nothing can be judged in its dtype (results/grading/dtype_runs.md)
+            # apart on these inputs: nothing can be judged in its dtype
+            # (results/grading/dtype_runs.md)
             return
         raise Failure("every case was a near tie: nothing compared (choose other inputs)")
     if stop is not None:
