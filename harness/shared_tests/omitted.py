@@ -19,6 +19,7 @@ them as given.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -70,3 +71,15 @@ def trimmed(
         cut = int(rng.integers(1, m + 1)) if pick else 0
         out.append(list(c[: len(c) - cut]))
     return out
+
+
+def settings_key(settings: list, src: np.ndarray, eos: int) -> tuple[str, str, int]:
+    """What tells one translate call of a law from another, for its secret draw."""
+    return repr(settings), hashlib.sha256(np.ascontiguousarray(src).tobytes()).hexdigest(), eos
+
+
+def left_out_said(names: tuple[str, ...]) -> str:
+    """' (beam_size and length_penalty left out: the contract's defaults)', or '' for none."""
+    if not names:
+        return ""
+    return f" ({' and '.join(names)} left out: the contract's default{'s' * (len(names) > 1)})"

@@ -3,7 +3,6 @@ greedy at beam 1, and equals the oracle's pinned beam search."""
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from typing import Any
@@ -23,7 +22,13 @@ from harness.shared_tests.inputs import (
     pushed_weights,
     tying,
 )
-from harness.shared_tests.omitted import TRANSLATE_DEFAULTS, TRANSLATE_NAMES, trimmed
+from harness.shared_tests.omitted import (
+    TRANSLATE_DEFAULTS,
+    TRANSLATE_NAMES,
+    left_out_said,
+    settings_key,
+    trimmed,
+)
 from harness.shared_tests.record import Call, Failure, law
 from harness.shared_tests.searches import (
     FORMULA_SETTINGS,
@@ -269,18 +274,6 @@ def translated(
     )
     assert_holds("translate's model", r["state_dict"], weights)
     return {**r, "left_out": [TRANSLATE_NAMES[len(s) :] for s in sent]}
-
-
-def settings_key(settings: list, src: np.ndarray, eos: int) -> tuple[str, str, int]:
-    """What tells one translate call of a law from another, for its secret draw."""
-    return repr(settings), hashlib.sha256(np.ascontiguousarray(src).tobytes()).hexdigest(), eos
-
-
-def left_out_said(names: tuple[str, ...]) -> str:
-    """' (beam_size and length_penalty left out: the contract's defaults)', or '' for none."""
-    if not names:
-        return ""
-    return f" ({' and '.join(names)} left out: the contract's default{'s' * (len(names) > 1)})"
 
 
 def forward_first(r: dict, params: Any, src: np.ndarray, paths: dict[str, np.ndarray]) -> None:
