@@ -9,20 +9,40 @@ arithmetic operators are not swapped for bitwise ones), plus statement deletion,
 replacement (string constants in comparisons), argument mutations (the first two positional
 arguments swapped, a keyword argument removed) and API-pair swaps (sin/cos, min/max, tril/triu,
 zeros/ones, mean/sum, softmax/log_softmax, train/eval, ...). A mutation is one change at a
-node's span; one that does not compile is dropped.
+node's span; one that does not compile is dropped, and of several giving the same mutated text
+the first in source order is kept.
 
-Each mutation is also a `mutants.patch.Mutant` (`Mutation.mutant()`): one exact-text patch, the
-changed lines with as many neighbours as make their text occur exactly once in the source, so
-that a generated mutant is applied, checked and reported exactly as a catalog record is. The
-committed catalog of the generated mutants the shared laws kill is mutants.generated_catalog.
+Each is a `mutants.patch.Mutant`, the one mutant type: one exact-text patch, the changed lines
+with as many neighbours as make their text occur exactly once in the source, so that a
+generated mutant is applied, checked and reported exactly as a catalog record is (the
+generator's own step, `_Site`, never leaves this module). Its `function` is its scope.
+
+A generated mutant's id (its key) is `operator@scope#ordinal:replacement`, named by the code's
+structure and never by a line (as mutmut names a mutant by its function and an ordinal):
+
+- scope: the qualified name of the innermost def or class holding the mutated node, by the
+  tree, not by lines: `MultiHeadAttention.forward`, `fit`, `TransformerConfig`, and `<module>`
+  for top-level code; a def's decorators, defaults and annotations belong to the def (so a
+  function added at the top renames no mutant of `<module>`);
+- ordinal: the mutant's place, from 1, among that operator's mutants in that scope, in source
+  order (offset, then operator, then replacement);
+- replacement: the text the mutant puts at the node (`pass` for a deleted statement, empty for
+  a removed decorator), for the reader; the first three parts alone are unique.
+
+So lines added, removed or edited anywhere outside a scope rename none of its mutants (tested in
+tests/mutants_tests/test_generated_keys.py); an edit inside it renames only its mutants of an
+operator that the edit adds or removes before them. The hand-made mutants (HAND) are named by
+their record's id, `hand_...`. The committed catalog of the generated mutants the shared laws
+kill is mutants.generated_catalog.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from mutants.patch import Mutant, Patch
@@ -68,44 +88,34 @@ API_PAIRS = {
 
 
 @dataclass(frozen=True)
-class Mutation:
-    """One first-order mutant: where, which operator, the text it puts there, and its patch."""
+class _Site:
+    """The generator's step (never returned): one change at a node's span, and its patch."""
 
     operator: str
-    line: int
-    col: int
+    scope: str  # the qualified name of the enclosing def or class, or MODULE
     original: str
     replacement: str
     start: int  # character offsets of the replaced span in the source
     end: int
     # the exact-text patch: the changed lines, with neighbours until their text is unique
-    old: str = field(default="", compare=False, repr=False)
-    new: str = field(default="", compare=False, repr=False)
-    function: str = field(default="", compare=False)  # the enclosing def or class ("" at top)
-
-    @property
-    def key(self) -> str:
-        """A stable name: operator, place and change (the triage file's key); a hand-made one
-        by its name and line."""
-        if self.operator.startswith("hand_"):
-            return f"{self.operator}@{self.line}"
-        return f"{self.operator}@{self.line}:{self.col}:{self.replacement}"
-
-    def mutant(self, clause: str = "", killers: tuple[str, ...] = ()) -> Mutant:
-        """This mutation as a catalog record: one patch that must apply exactly once."""
-        return Mutant(
-            id=self.key,
-            mutator=self.operator,
-            pitfall=f"{self.operator} at line {self.line}" + (clause and f": breaks {clause}"),
-            killers=killers,
-            patches=(Patch(self.old, self.new),),
-            target=TARGET,
-            clause=clause,
-        )
+    old: str
+    new: str
 
     def apply(self, source: str) -> str:
-        """The mutated source, through the record's exactly-once patch."""
-        return self.mutant().apply(source)
+        """The mutated source, through the site's exactly-once patch."""
+        return self.record("").apply(source)
+
+    def record(self, key: str) -> Mutant:
+        """This site as a catalog record named `key`: one patch that must apply exactly once."""
+        return Mutant(
+            id=key,
+            mutator=self.operator,
+            pitfall=f"{self.operator} in {self.scope}: {self.original} -> {self.replacement}",
+            killers=(),
+            patches=(Patch(self.old, self.new),),
+            target=TARGET,
+            function=self.scope,
+        )
 
 
 def _patch_text(source: str, start: int, end: int, replacement: str) -> tuple[str, str]:
@@ -125,19 +135,24 @@ def _patch_text(source: str, start: int, end: int, replacement: str) -> tuple[st
     return source[lo:hi], source[lo:start] + replacement + source[end:hi]
 
 
-def _scopes(tree: ast.AST) -> list[tuple[int, int, str]]:
-    """(first line, last line, name) of every def and class."""
-    return [
-        (n.lineno, n.end_lineno or n.lineno, n.name)
-        for n in ast.walk(tree)
-        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
-    ]
+MODULE = "<module>"  # the scope of top-level code
 
 
-def _enclosing(scopes: list[tuple[int, int, str]], line: int) -> str:
-    """The innermost def or class holding the line ("" at module level)."""
-    inside = [(a, name) for a, b, name in scopes if a <= line <= b]
-    return max(inside)[1] if inside else ""
+def _scopes(tree: ast.AST) -> dict[int, str]:
+    """id(node) -> the qualified name of the innermost def or class holding it (`Outer.inner`,
+    MODULE at top level), by the tree's structure, not its lines: a def's decorators, arguments,
+    defaults and annotations belong to the def (the def node itself to the scope around it)."""
+    scope: dict[int, str] = {}
+
+    def visit(node: ast.AST, name: str) -> None:
+        scope[id(node)] = name
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            name = node.name if name == MODULE else f"{name}.{node.name}"
+        for child in ast.iter_child_nodes(node):
+            visit(child, name)
+
+    visit(tree, MODULE)
+    return scope
 
 
 class _Offsets:
@@ -245,26 +260,37 @@ def _end(node: ast.stmt | ast.expr) -> tuple[int, int]:
     return node.end_lineno, node.end_col_offset
 
 
-def _maker(source: str, tree: ast.AST) -> Any:
-    """A maker of the source's mutations: each with its exact-text patch and enclosing scope."""
-    scopes = _scopes(tree)
-
-    def make(operator: str, line: int, col: int, replacement: str, start: int, end: int):
-        old, new = _patch_text(source, start, end, replacement)
-        original = source[start:end]
-        where = _enclosing(scopes, line)
-        return Mutation(operator, line, col, original, replacement, start, end, old, new, where)
-
-    return make
+def generate(source: str) -> list[Mutant]:
+    """Every first-order mutant of the source that compiles, in source order, as records keyed
+    `operator@scope#ordinal:replacement` (the module docstring)."""
+    return [site.record(key) for key, site in _keyed(_sites(source))]
 
 
-def generate(source: str) -> list[Mutation]:
-    """Every first-order mutant of the source that compiles, in source order."""
+def _keyed(sites: list[_Site]) -> list[tuple[str, _Site]]:
+    """Each site with its key: the ordinal counts the operator's sites in its scope, from 1, in
+    source order."""
+    seen: dict[tuple[str, str], int] = {}
+    out = []
+    for site in sites:
+        n = seen[site.operator, site.scope] = seen.get((site.operator, site.scope), 0) + 1
+        out.append((f"{site.operator}@{site.scope}#{n}:{site.replacement}", site))
+    return out
+
+
+def _sites(source: str) -> list[_Site]:
+    """Every mutation of the source that compiles, one per distinct mutated text, in source
+    order (offset, operator, replacement)."""
     tree = ast.parse(source)
     offset = _Offsets(source)
     skip = _in_fstring_or_docstring(tree)
-    found: list[Mutation] = []
-    make = _maker(source, tree)
+    scope = _scopes(tree)
+    found: list[_Site] = []
+
+    def make(operator: str, where: ast.AST, replacement: str, start: int, end: int) -> _Site:
+        old, new = _patch_text(source, start, end, replacement)
+        return _Site(
+            operator, scope[id(where)], source[start:end], replacement, start, end, old, new
+        )
 
     def add(
         operator: str,
@@ -278,7 +304,7 @@ def generate(source: str) -> list[Mutation]:
         original = source[start:end]
         if replacement.strip("()") == original.strip("()"):
             return
-        m = make(operator, span.lineno, span.col_offset + 1, replacement, start, end)
+        m = make(operator, node, replacement, start, end)
         try:
             compile(m.apply(source), "<mutant>", "exec")
         except SyntaxError:
@@ -297,9 +323,7 @@ def generate(source: str) -> list[Mutation]:
                 for deco in node.decorator_list:
                     start = offset(deco.lineno, deco.col_offset - 1)  # the '@'
                     end = offset(*_end(deco))
-                    found.append(
-                        make("remove_decorator", deco.lineno, deco.col_offset, "", start, end)
-                    )
+                    found.append(make("remove_decorator", deco, "", start, end))
             elif isinstance(node, ast.For):
                 add("zero_iteration_for_loop", node.iter, "[]")
             if not isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom)):
@@ -318,7 +342,7 @@ def generate(source: str) -> list[Mutation]:
             add("constant_replacement", node.comparators[0], repr("XX"))
     found.sort(key=lambda m: (m.start, m.operator, m.replacement))
     # one mutant per distinct mutated text
-    unique: dict[str, Mutation] = {}
+    unique: dict[str, _Site] = {}
     for m in found:
         unique.setdefault(m.apply(source), m)
     return list(unique.values())
@@ -363,33 +387,46 @@ HAND = (
 )
 
 
-def hand_mutants(source: str) -> list[Mutation]:
-    """HAND as mutations of the source, placed where each record's one patch applies (a patch
-    that no longer applies exactly once raises PatchError, naming the mutant)."""
-    out = []
+def hand_mutants(source: str) -> list[Mutant]:
+    """HAND's records, each with the scope its one patch lies in (a patch that no longer
+    applies exactly once raises PatchError, naming the mutant)."""
+    tree = ast.parse(source)
+    scope = _scopes(tree)
+    nodes = [n for n in ast.walk(tree) if isinstance(n, ast.stmt | ast.expr)]
     offset = _Offsets(source)
-    make = _maker(source, ast.parse(source))
+    out = []
     for record in HAND:
         record.apply(source)  # the record's own exactly-once check
         (patch,) = record.patches
-        start = source.index(patch.old)
-        line = source.count("\n", 0, start) + 1
-        col = start - offset(line, 0) + 1
-        out.append(make(record.mutator, line, col, patch.new, start, start + len(patch.old)))
+        at = source.index(patch.old) + len(os.path.commonprefix([patch.old, patch.new]))
+        out.append(replace(record, function=_scope_at(nodes, scope, offset, at)))
     return out
 
 
-def sample(mutants: list[Mutation], n: int | None, seed: int) -> list[Mutation]:
+def _scope_at(
+    nodes: list[ast.stmt | ast.expr], scope: dict[int, str], offset: _Offsets, at: int
+) -> str:
+    """The scope of the innermost statement or expression starting at or around offset `at`."""
+    holding = [
+        (offset(n.lineno, n.col_offset), -offset(*_end(n)), scope[id(n)])
+        for n in nodes
+        if offset(n.lineno, n.col_offset) <= at < offset(*_end(n))
+    ]
+    return max(holding)[2] if holding else MODULE
+
+
+def sample(mutants: list[Mutant], n: int | None, seed: int) -> list[Mutant]:
     """A seeded sample of n mutants, stratified by operator (each operator's share kept, at least
-    one of each); all of them when n is None or not smaller."""
+    one of each), in the order given; all of them when n is None or not smaller."""
     if n is None or n >= len(mutants):
         return list(mutants)
     rng = random.Random(seed)
-    by_op: dict[str, list[Mutation]] = {}
+    by_op: dict[str, list[Mutant]] = {}
     for m in mutants:
-        by_op.setdefault(m.operator, []).append(m)
-    chosen: list[Mutation] = []
+        by_op.setdefault(m.mutator, []).append(m)
+    chosen: list[Mutant] = []
     for _, group in sorted(by_op.items()):
         k = max(1, round(n * len(group) / len(mutants)))
         chosen += rng.sample(group, min(k, len(group)))
-    return sorted(chosen, key=lambda m: (m.start, m.operator, m.replacement))
+    order = {m.id: i for i, m in enumerate(mutants)}
+    return sorted(chosen, key=lambda m: order[m.id])

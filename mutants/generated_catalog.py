@@ -1,11 +1,14 @@
 """The catalog of generated mutants that are faults for sure, and the per-run sample of them.
 
 mutants/generated_catalog.json holds the generated mutants of impl (mutants.generated) that the
-shared laws killed in the committed run (results/mutants/generic_mutants.json): equivalent and unkilled
-ones are left out, so every mutant scored is a real fault. Each is a record of the catalog's
-type (mutants.patch.Mutant: one exact-text patch that must apply exactly once), with its
-operator (`mutator`), the law(s) that killed it (`killers`: the first in the registry's order,
-as the committed run stops there) and the contract clause it breaks (`clause`, one of CLAUSES).
+shared laws killed in the committed run (results/mutants/generic_mutants.json): equivalent and
+unkilled ones are left out, so every mutant scored is a real fault. Each is a record of the
+catalog's type (mutants.patch.Mutant: one exact-text patch that must apply exactly once), keyed
+as the generator keys it (by scope and ordinal, never by line: adding lines elsewhere in impl
+renames nothing), with its operator (`mutator`), the def it changes (`function`), the law(s)
+that killed it (`killers`: the first in the registry's order, as the committed run stops there)
+and the contract clause it breaks (`clause`, one of CLAUSES). The records' order is the draws'
+order: a rebuild keeps it.
 
 The clause comes from the README's clause table: the killing law owns one clause or a few, and
 where it owns several, the function of impl the change lies in tells which (RULES, first match).
@@ -23,7 +26,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from mutants.generated import TARGET, Mutation
+from mutants.generated import TARGET
 from mutants.patch import Mutant, Patch, PatchError
 
 PATH = Path(__file__).with_name("generated_catalog.json")
@@ -111,35 +114,41 @@ def clause_of(killer: str, function: str) -> str:
     )
 
 
-def build(mutations: list[Mutation], run: dict[str, Any]) -> dict[str, Any]:
-    """The catalog's JSON from impl's current mutations and a committed generic-mutant run: every
-    mutant the run killed, by key; a key the generator no longer gives raises (impl changed
-    under it: rerun the tool on those keys first)."""
-    by_key = {m.key: m for m in mutations}
+def build(
+    mutants: list[Mutant], run: dict[str, Any], order: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """The catalog's JSON from impl's current generated mutants and a committed generic-mutant
+    run: every mutant the run killed, by id; an id the generator no longer gives raises (impl
+    changed under it: rerun the tool on those ids first). The records keep `order` (the
+    committed catalog's ids: a seed's draw depends on the order, so a rebuild must not move
+    it), then come the rest in source order."""
+    by_id = {m.id: m for m in mutants}
     killed = [r for r in run["mutants"] if r["status"] != "survived"]
-    gone = [r["key"] for r in killed if r["key"] not in by_key]
+    gone = [r["key"] for r in killed if r["key"] not in by_id]
     if gone:
         raise ValueError(
             f"{len(gone)} killed mutants of the run are no longer generated from impl's current "
             f"source (impl changed): {gone[:5]}; rerun them with --only and rebuild"
         )
-    records = []
+    records: list[dict[str, Any]] = []
     for r in killed:
-        m = by_key[r["key"]]
+        m = by_id[r["key"]]
         killers = sorted(r.get("killers") or [r["killed_by"]])
+        (patch,) = m.patches
         records.append(
             {
-                "id": m.key,
-                "operator": m.operator,
-                "clause": clause_of(r["killed_by"], m.function),
+                "id": m.id,
+                "operator": m.mutator,
+                "clause": clause_of(r["killed_by"], m.function.rpartition(".")[2]),
                 "killers": killers,
                 "function": m.function,
-                "line": m.line,
-                "old": m.old,
-                "new": m.new,
+                "old": patch.old,
+                "new": patch.new,
             }
         )
-    records.sort(key=lambda r: (r["line"], r["id"]))
+    rank = {key: i for i, key in enumerate(order)}
+    rank.update({m.id: len(order) + i for i, m in enumerate(mutants) if m.id not in rank})
+    records.sort(key=lambda r: rank[r["id"]])
     return {
         "about": "generated mutants of impl that the shared laws kill; written by "
         "`python -m harness.tools.generic_mutants --catalog` (mutants.generated_catalog)",
@@ -155,11 +164,12 @@ def record(data: dict[str, Any]) -> Mutant:
     return Mutant(
         id=data["id"],
         mutator=data["operator"],
-        pitfall=f"{data['operator']} at line {data['line']}: breaks {CLAUSES[data['clause']]}",
+        pitfall=f"{data['operator']} in {data['function']}: breaks {CLAUSES[data['clause']]}",
         killers=tuple(data["killers"]),
         patches=(Patch(data["old"], data["new"]),),
         target=TARGET,
         clause=data["clause"],
+        function=data["function"],
     )
 
 

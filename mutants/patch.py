@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from dataclasses import dataclass
 
 
@@ -37,6 +38,9 @@ class Mutant:
     required: bool = False
     # the contract clause a generated mutant breaks (mutants.generated_catalog.CLAUSES' key)
     clause: str = ""
+    # the def or class of the target the change lies in, by qualified name (`Class.method`, or
+    # `<module>`): a generated mutant's scope (mutants.generated)
+    function: str = ""
 
     def apply(self, source: str) -> str:
         """The mutated source; a PatchError names this mutant and the text that failed."""
@@ -52,6 +56,20 @@ class Mutant:
         if self.append:
             source = source.rstrip("\n") + "\n\n" + self.append.strip("\n") + "\n"
         return source
+
+    def change(self) -> tuple[str, str]:
+        """What the first patch changes, read from its text alone: its old and new text less
+        their common start and end, widened to whole words (`tril` -> `triu`, not `l` -> `u`)."""
+        if not self.patches:
+            return "", self.append
+        old, new = self.patches[0].old, self.patches[0].new
+        a = len(os.path.commonprefix([old, new]))
+        z = len(os.path.commonprefix([old[a:][::-1], new[a:][::-1]]))
+        while a > 0 and _word(old[a - 1]):
+            a -= 1
+        while z > 0 and _word(old[len(old) - z]):
+            z -= 1
+        return old[a : len(old) - z], new[a : len(new) - z]
 
     def diff(self, source: str, path: str = "impl/transformer.py") -> str:
         """The change as a unified diff of the target's source."""
@@ -90,3 +108,7 @@ class Mutant:
 def _line_col(text: str, offset: int) -> tuple[int, int]:
     line = text.count("\n", 0, offset) + 1
     return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def _word(c: str) -> bool:
+    return c.isalnum() or c == "_"

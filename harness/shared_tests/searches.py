@@ -230,7 +230,7 @@ def stop_rule_case(params: Any, cfg: dict, max_len: int) -> tuple[int, list[np.n
 
 # The pinned score is logp / len ** length_penalty, logp summed from 0 at bos. A search that
 # slips in the formula scores (logp + c) / len ** (length_penalty + e) instead: an initial
-# log-probability of c (generic mutant number_replacer@520:18:-1.0 of impl) or another
+# log-probability of c (generic mutant number_replacer@_beam_search#1:-1.0 of impl) or another
 # exponent. Neither changes which hypotheses the search keeps or when it stops, only which
 # finished one wins, and then only where finished hypotheses differ in length: each variant is
 # covered by rows of its own, on which its winner differs from the pinned one.

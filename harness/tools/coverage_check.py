@@ -1,7 +1,7 @@
 """Is coverage inference sound on mutants it was not built around? A standing measure.
 
-`python -m harness.tools.coverage_check [--sample N] [--seed S]` writes results/mutants/coverage_check.json
-and results/coverage_check.md.
+`python -m harness.tools.coverage_check [--sample N] [--seed S]` writes
+results/mutants/coverage_check.json and results/mutants/coverage_check.md.
 
 harness.engine.coverage infers a mutant's cell from impl's when impl's traced run of the test calls
 none of the functions the mutant changes. This tool tries that claim on generic first-order mutants
@@ -47,17 +47,17 @@ def check(n: int, seed: int) -> dict[str, Any]:
         mutated = m.apply(source)
         changed = changed_functions(base_shape, mutated)
         record: dict[str, Any] = {
-            "key": m.key,
-            "operator": m.operator,
+            "key": m.id,
+            "operator": m.mutator,
             "changed": None if changed is None else sorted(changed),
             "inferable": [],
             "disagree": {},
         }
         if changed is not None:
             record["inferable"] = [
-                t.name for t in tests if inferred_cell(base[t.name], changed, m.key) is not None
+                t.name for t in tests if inferred_cell(base[t.name], changed, m.id) is not None
             ]
-        launch = Launch(forked, {"source": mutated, "filename": f"{SOURCE_PATH} [{m.key}]"})
+        launch = Launch(forked, {"source": mutated, "filename": f"{SOURCE_PATH} [{m.id}]"})
         t0 = time.monotonic()
         worker = None
         try:
@@ -80,7 +80,7 @@ def check(n: int, seed: int) -> dict[str, Any]:
         record["seconds"] = round(time.monotonic() - t0, 2)
         records.append(record)
         print(
-            f"{m.key}: {len(record['inferable'])} inferable cells run, "
+            f"{m.id}: {len(record['inferable'])} inferable cells run, "
             f"{len(record['disagree'])} disagree",
             file=sys.stderr,
             flush=True,

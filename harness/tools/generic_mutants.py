@@ -13,20 +13,20 @@ Each mutant runs in a trusted worker forked from the fork server (no sandbox: ge
 impl, trusted code), through the shared tests of harness.shared_tests.laws with the engine's
 run_test, in the registry's order, stopping at the first test that kills it (killed or timeout,
 as the matrix counts); the learning test runs last, so only mutants that survive everything else
-pay for it. Survivors are triaged in results/mutants/generic_mutants_triage.json (by mutant key): either
-equivalent, with the reason, or a gap, named; the score counts killed mutants against all that
-are not equivalent.
+pay for it. Survivors are triaged in results/mutants/generic_mutants_triage.json (by mutant
+key): either equivalent, with the reason, or a gap, named; the score counts killed mutants
+against all that are not equivalent.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +43,11 @@ from mutants.generated import (  # noqa: F401 (the generator, re-exported for it
     HAND,
     SOURCE_PATH,
     TARGET,
-    Mutation,
     generate,
     hand_mutants,
     sample,
 )
+from mutants.patch import Mutant
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "results" / "mutants"
@@ -62,10 +62,10 @@ def test_order(tests: tuple[Test, ...]) -> list[Test]:
     return [t for t in tests if t.name not in _LAST] + [t for t in tests if t.name in _LAST]
 
 
-def run_mutant(m: Mutation, source: str, tests: list[Test], every: bool = False) -> dict[str, Any]:
+def run_mutant(m: Mutant, source: str, tests: list[Test], every: bool = False) -> dict[str, Any]:
     """The mutant through the tests until one kills it (every: through all of them): its status,
     the first killing test and (every) all of them."""
-    launch = Launch(forked, {"source": m.apply(source), "filename": f"{SOURCE_PATH} [{m.key}]"})
+    launch = Launch(forked, {"source": m.apply(source), "filename": f"{SOURCE_PATH} [{m.id}]"})
     start = time.monotonic()
     worker = None
     result: dict[str, Any] = {"status": "survived", "killed_by": None, "message": ""}
@@ -100,6 +100,22 @@ def run_mutant(m: Mutation, source: str, tests: list[Test], every: bool = False)
     if every:
         result["killers"] = killers
     return result
+
+
+def describe(m: Mutant, source: str) -> dict[str, Any]:
+    """A run's record of a mutant before it runs: its key, operator, scope, and what it changes
+    where in the source of this run (the line is the run's, never part of the key)."""
+    original, replacement = m.change()
+    (patch,) = m.patches
+    at = source.index(patch.old) + len(os.path.commonprefix([patch.old, patch.new]))
+    return {
+        "key": m.id,
+        "operator": m.mutator,
+        "line": source.count("\n", 0, at) + 1,
+        "original": original,
+        "replacement": replacement,
+        "function": m.function,
+    }
 
 
 def report(data: dict[str, Any]) -> str:
@@ -184,7 +200,13 @@ def summarize(records: list[dict[str, Any]], triage: dict[str, Any]) -> dict[str
 def write_catalog(source: str, run: Path, out: Path = generated_catalog.PATH) -> int:
     """The catalog of the run's killed mutants (mutants.generated_catalog.build), written."""
     try:
-        data = generated_catalog.build(generate(source), json.loads(run.read_text()))
+        committed = generated_catalog.PATH
+        order = (
+            tuple(r["id"] for r in json.loads(committed.read_text())["mutants"])
+            if committed.exists()
+            else ()
+        )
+        data = generated_catalog.build(generate(source), json.loads(run.read_text()), order)
     except ValueError as e:
         print(f"generic_mutants --catalog: {e}", file=sys.stderr)
         return 1
@@ -240,16 +262,14 @@ def main(argv: list[str] | None = None) -> int:
             keys = set(Path(args.only[1:]).read_text().splitlines()) - {""}
         else:
             keys = set(args.only.split(","))
-        chosen = [m for m in mutants + hand_mutants(source) if m.key in keys]
-        missing = keys - {m.key for m in chosen}
+        chosen = [m for m in mutants + hand_mutants(source) if m.id in keys]
+        missing = keys - {m.id for m in chosen}
         if missing:
             print(f"no such mutants: {sorted(missing)}", file=sys.stderr)
             return 2
     if args.list:
-        for m in chosen:
-            print(f"{m.key}\t{m.original!r}")
-        for m in hand_mutants(source):
-            print(f"{m.key}\t{m.original!r}")
+        for m in chosen + hand_mutants(source):
+            print(f"{m.id}\t{m.change()[0]!r}")
         print(
             f"{len(chosen)} of {len(mutants)} mutants (and {len(HAND)} hand-made)", file=sys.stderr
         )
@@ -259,11 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     records: list[dict[str, Any]] = []
 
-    def one(m: Mutation) -> dict[str, Any]:
-        fields = {k: v for k, v in asdict(m).items() if k not in ("start", "end", "old", "new")}
-        r = {"key": m.key, **fields}
+    def one(m: Mutant) -> dict[str, Any]:
+        r = describe(m, source)
         r.update(run_mutant(m, source, tests, every=args.every_test))
-        print(f"{r['status']:<8} {r['seconds']:6.1f} s  {m.key}  {r['killed_by']}", flush=True)
+        print(f"{r['status']:<8} {r['seconds']:6.1f} s  {m.id}  {r['killed_by']}", flush=True)
         return r
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:

@@ -53,7 +53,7 @@ def test_a_change_of_impl_under_a_mutant_fails_loudly_naming_it():
 
 @pytest.mark.slow
 def test_each_record_names_its_killers_operator_and_clause():
-    operators = {g.operator for g in generate(IMPL)}
+    operators = {g.mutator for g in generate(IMPL)}
     for m in MUTANTS:
         assert m.killers and set(m.killers) <= set(BY_NAME), m.id
         assert m.mutator in operators and m.clause in generated_catalog.CLAUSES, m.id

@@ -102,7 +102,7 @@ def test_the_beam_test_kills_stop_rule_slips_under_any_draw(draw_secret, secret,
 
 
 # The initial log-probability of the beam search offset by -1 (generic mutant
-# number_replacer@520:18:-1.0): the draws under which the beam test left it alive when its
+# number_replacer@_beam_search#1:-1.0): the draws under which the beam test left it alive when its
 # formula rows were chosen for any variant of the score at once, with the test's own eos.
 # XFMR_OFFSET_DRAWS=0-59 runs the whole sweep (both offsets killed under each: 5 minutes).
 INITIAL_LOGP = "live = [((), 0.0, model.init_state(src_mask))]"

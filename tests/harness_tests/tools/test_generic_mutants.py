@@ -20,17 +20,19 @@ def mutants():
 @pytest.mark.slow
 def test_every_mutant_is_one_compiling_change_of_impl(mutants):
     assert len(mutants) > 500
-    assert len({m.key for m in mutants}) == len(mutants)
+    assert len({m.id for m in mutants}) == len(mutants)
     assert len({m.apply(IMPL) for m in mutants}) == len(mutants)
     for m in mutants[::25]:
         mutated = m.apply(IMPL)
-        assert mutated != IMPL and IMPL[m.start : m.end] == m.original
-        compile(mutated, m.key, "exec")
+        (patch,) = m.patches
+        original, replacement = m.change()
+        assert mutated != IMPL and original in patch.old and replacement in patch.new
+        compile(mutated, m.id, "exec")
 
 
 @pytest.mark.slow
 def test_the_operators_include_cosmic_rays_and_the_issues(mutants):
-    ops = {m.operator for m in mutants}
+    ops = {m.mutator for m in mutants}
     assert {
         "number_replacer",
         "binary_operator_replacement",
@@ -43,11 +45,11 @@ def test_the_operators_include_cosmic_rays_and_the_issues(mutants):
         "api_pair_swap",
     } <= ops
     # the slips the issue names: tril for triu, an eps left out of a LayerNorm
-    assert any(m.original.endswith(".tril") and m.replacement.endswith(".triu") for m in mutants)
+    assert any(m.change() == ("tril", "triu") for m in mutants)
     assert any(
-        m.operator == "keyword_argument_removal"
-        and "enc_norm" not in m.original
-        and "eps=cfg.ln_eps" in m.original
+        m.mutator == "keyword_argument_removal"
+        and "enc_norm" not in m.change()[0]
+        and "eps=cfg.ln_eps" in m.change()[0]
         for m in mutants
     )
 
@@ -55,8 +57,31 @@ def test_the_operators_include_cosmic_rays_and_the_issues(mutants):
 @pytest.mark.slow
 def test_the_sample_is_seeded_and_stratified(mutants):
     a, b = gm.sample(mutants, 100, 0), gm.sample(mutants, 100, 0)
-    assert a == b and abs(len(a) - 100) <= len({m.operator for m in mutants})
-    assert {m.operator for m in a} == {m.operator for m in mutants}
+    assert a == b and abs(len(a) - 100) <= len({m.mutator for m in mutants})
+    assert {m.mutator for m in a} == {m.mutator for m in mutants}
+
+
+def test_a_run_record_names_the_mutant_by_key_and_says_where_it_changes_this_source():
+    (hand,) = [m for m in gm.hand_mutants(IMPL) if m.id == "hand_no_embedding_dropout"]
+    r = gm.describe(hand, IMPL)
+    line = IMPL[: IMPL.index("        return self.dropout(x)\n")].count("\n") + 1
+    assert r == {
+        "key": "hand_no_embedding_dropout",
+        "operator": "hand_no_embedding_dropout",
+        "line": line,
+        "original": "self.dropout(x)",
+        "replacement": "x",
+        "function": "Transformer._embed",
+    }
+
+
+@pytest.mark.slow
+def test_list_selects_mutants_by_key(capsys):
+    key = "number_replacer@TransformerConfig#1:511"
+    assert gm.main(["--only", f"{key},hand_logits_in_float32", "--list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"{key}\t'512'" and "hand_logits_in_float32\t" in out[1]
+    assert gm.main(["--only", "number_replacer@26:20:511", "--list"]) == 2  # an old key: none
 
 
 def test_the_committed_run_is_triaged_and_scores_at_least_99_percent():
