@@ -21,7 +21,7 @@ from oracle.layers import (
     encoder_layer_bwd,
     into,
 )
-from oracle.ops import embedding, embedding_bwd, layer_norm, layer_norm_bwd, linear, linear_bwd
+from oracle.ops import embedding, embedding_bwd_rows, layer_norm, layer_norm_bwd, linear, linear_bwd
 from oracle.params import Params
 
 
@@ -41,9 +41,17 @@ def _add(g: Grads, name: str, value: np.ndarray) -> None:
 
 
 def embed_bwd(params: Params, table: str, ids: np.ndarray, dx0: np.ndarray, g: Grads) -> None:
-    """The table's gradient from dL/dx0 (PE has no parameters), added into g[table]."""
-    vocab = params.arrays[table].shape[0]
-    _add(g, table, embedding_bwd(dx0, ids, vocab, params.spec.scale))
+    """The table's gradient from dL/dx0 (PE has no parameters), added into g[table].
+
+    Only the rows of the ids that occur are added (embedding_bwd_rows): the other rows of
+    embedding_bwd's dE are 0, so g[table] + dE equals g[table] there; this skips two passes over
+    a [V, d] table per use (227 MiB at Marian's 58k vocabulary)."""
+    rows, dE_rows = embedding_bwd_rows(dx0, ids, params.spec.scale)
+    if table in g:  # a tied table's earlier use: g[table] += dE on the rows dE has
+        g[table][rows] += dE_rows
+    else:  # the first use: dE itself
+        g[table] = np.zeros(params.arrays[table].shape, dtype=dE_rows.dtype)
+        g[table][rows] = dE_rows
 
 
 def source_attention_mask(src_mask: np.ndarray) -> np.ndarray:

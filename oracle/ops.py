@@ -49,12 +49,25 @@ def embedding(E: np.ndarray, ids: np.ndarray, scale: float) -> np.ndarray:
 
 def embedding_bwd(dy: np.ndarray, ids: np.ndarray, vocab: int, scale: float) -> np.ndarray:
     """dE[v] = scale * sum of dy over the positions holding id v (a row no id selects stays 0)."""
+    rows, dE_rows = embedding_bwd_rows(dy, ids, scale)
+    dE = np.zeros((vocab, dy.shape[-1]), dtype=dy.dtype)
+    dE[rows] = dE_rows
+    return dE
+
+
+def embedding_bwd_rows(dy: np.ndarray, ids: np.ndarray, scale: float) -> tuple[np.ndarray, ...]:
+    """embedding_bwd's nonzero rows: (rows, dE[rows]), rows the distinct ids in ascending order.
+
+    The same numbers as the dense dE (each row's sum of dy in position order, then scaled), without
+    a pass over the [V, d] table: with a 58k vocabulary that table is 227 MiB, the ids a few
+    hundred rows of it."""
     _real(dy)
     d = dy.shape[-1]
-    dE = np.zeros((vocab, d), dtype=dy.dtype)
-    np.add.at(dE, ids.reshape(-1), dy.reshape(-1, d))
-    dE *= _const(dy, scale)  # in place: the table is the largest array of a large vocabulary
-    return dE
+    rows, slot = np.unique(ids.reshape(-1), return_inverse=True)  # ids == rows[slot]
+    dE_rows = np.zeros((rows.size, d), dtype=dy.dtype)
+    np.add.at(dE_rows, slot.reshape(-1), dy.reshape(-1, d))  # sum of dy over each id's positions
+    dE_rows *= _const(dy, scale)
+    return rows, dE_rows
 
 
 # --- Linear layers and activations (section 3.3) --------------------------------------------------
@@ -168,7 +181,14 @@ def layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -
     mu = x.mean(axis=-1, keepdims=True)
     xc = x - mu
     var = (xc * xc).mean(axis=-1, keepdims=True)
-    return xc / np.sqrt(var + _const(x, eps)) * gamma + beta
+    # y = xc / sqrt(var + eps) * gamma + beta, in place on xc (our own temporary): ~30% faster
+    y = xc
+    y /= np.sqrt(var + _const(x, eps))
+    if np.result_type(y, gamma, beta) != y.dtype:  # a wider gain (longdouble): no narrowing
+        return y * gamma + beta
+    y *= gamma
+    y += beta
+    return y
 
 
 def layer_norm_bwd(

@@ -1,5 +1,6 @@
-"""The oracle's memory-lean forms (issue 26) against the plain equations, to the last bit, and the
-lifetimes of its caches: a forward keeps none, a backward frees each layer's as it passes it."""
+"""The oracle's memory-lean and faster forms (issues 26, 51) against the plain equations, to the
+last bit, and the lifetimes of its caches: a forward keeps none, a backward frees each layer's as
+it passes it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from oracle_cases import make_batch, make_model
 
 import oracle
 from oracle.grads import backward, forward_for_grads
-from oracle.model import encoder_stack
-from oracle.ops import embedding_bwd, log_softmax, relu_bwd
+from oracle.model import embed_bwd, encoder_stack
+from oracle.ops import embedding_bwd, embedding_bwd_rows, layer_norm, log_softmax, relu_bwd
 
 DTYPES = [np.float64, np.longdouble]
 
@@ -86,3 +87,54 @@ def test_no_two_gradients_share_memory(norm, tie):
         assert not np.shares_memory(x, y), (a, b)
     for name, g in grads.items():
         assert not np.shares_memory(g, params.arrays[name]), name
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "longdouble"])
+def test_embedding_rows_and_the_tied_sum_equal_the_dense_table_to_the_last_bit(dtype):
+    # law (issue 51): only the rows of the ids that occur are summed into a tied table's gradient;
+    # every other row of the dense dE is 0, so g + dE is g there: the same bits as the dense sum
+    rng = np.random.default_rng(3)
+    V, d = 50, 6
+    dy = rng.normal(size=(3, 7, d)).astype(dtype)
+    ids = rng.integers(0, 9, size=(3, 7))  # repeated ids: each row sums several positions
+    ids[0, 0] = V - 1
+    dense = np.zeros((V, d), dtype=dtype)
+    np.add.at(dense, ids.reshape(-1), dy.reshape(-1, d))
+    dense *= dtype(3.5)
+    rows, dE_rows = embedding_bwd_rows(dy, ids, 3.5)
+    assert np.array_equal(rows, np.unique(ids)) and np.array_equal(dE_rows, dense[rows])
+    params, _ = _batch("post", True)
+    params = oracle.Params(
+        params.spec, {k: v.astype(dtype) for k, v in params.arrays.items()}, params.scheme
+    )
+    table = params.src_table
+    V = params.arrays[table].shape[0]
+    ids = rng.integers(0, V, size=(2, 9))
+    dx0 = rng.normal(size=(2, 9, params.spec.d_model)).astype(dtype)
+    earlier = rng.normal(size=(V, params.spec.d_model)).astype(dtype)  # an earlier use's gradient
+    g = {table: earlier.copy()}
+    embed_bwd(params, table, ids, dx0, g)
+    assert np.array_equal(g[table], earlier + embedding_bwd(dx0, ids, V, params.spec.scale))
+    first: dict[str, np.ndarray] = {}  # the first use: dE itself
+    embed_bwd(params, table, ids, dx0, first)
+    assert np.array_equal(first[table], embedding_bwd(dx0, ids, V, params.spec.scale))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float64", "longdouble"])
+def test_layer_norm_in_place_equals_the_plain_form(dtype):
+    # law (issue 51): the forward's scale and shift in place on its own temporary change no bit;
+    # a gain wider than x (longdouble with float64 x) is not narrowed into x's dtype
+    rng = np.random.default_rng(4)
+    x = (rng.normal(size=(2, 5, 8)) * 3 + 1).astype(dtype)
+    gamma, beta = rng.normal(size=8).astype(dtype), rng.normal(size=8).astype(dtype)
+    xc = x - x.mean(axis=-1, keepdims=True)
+    var = (xc * xc).mean(axis=-1, keepdims=True)
+    plain = xc / np.sqrt(var + dtype(1e-5)) * gamma + beta
+    got = layer_norm(x, gamma, beta, 1e-5)
+    assert got.dtype == dtype and np.array_equal(got, plain)
+    x64 = x.astype(np.float64)
+    wide = layer_norm(x64, gamma.astype(np.longdouble), beta.astype(np.longdouble), 1e-5)
+    xc = x64 - x64.mean(axis=-1, keepdims=True)
+    var = (xc * xc).mean(axis=-1, keepdims=True)
+    want = xc / np.sqrt(var + 1e-5) * gamma.astype(np.longdouble) + beta.astype(np.longdouble)
+    assert wide.dtype == np.longdouble and np.array_equal(wide, want)
