@@ -7,6 +7,10 @@ oracle's forward+backward (loss_and_grads; its backward timed on its own too), t
 forward+backward (autograd), and one large float64 np.matmul, the machine's BLAS throughput. The
 oracle's backward is rated by the matmul FLOPs it performs per second against that matmul's.
 
+Shapes: `--preset base | long | marian`, or `all` for the three in turn in one process (issue 51's
+sizes); medians of `--repeats` >= 5 interleaved runs; each report prints the machine's load average
+before and after its timed repeats, the commit, and where the timed oracle was imported from.
+
 Every measurement has two clocks. Wall time, and CPU time (time.process_time): with one thread on
 each side (the default) CPU time is the work a side did, whatever other jobs on the machine took
 from it meanwhile; on a shared machine it is the steadier of the two. Medians are compared.
@@ -39,6 +43,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import oracle
 from impl import transformer as impl
 from oracle import read_state_dict
 from oracle.grads import backward, forward_for_grads, loss_and_grads
@@ -51,26 +56,38 @@ TRAIN_TARGET = 1.0  # issue 26: forward+backward no slower than torch float64
 BACKWARD_SHARE_TARGET = 0.75  # issue 26: the backward at 75% of np.matmul's throughput
 MEMORY_TARGET = 1.5  # issue 26: peak memory within 1.5x of torch's
 
-# Model shapes by name; --d-model, --heads, --d-ff, --layers, --vocab override a preset's field.
+MIN_REPEATS = 5  # issue 51: the targets are judged on medians of at least 5 runs in one process
+
+# Model and batch shapes by name; --d-model, --heads, --d-ff, --layers, --vocab, --batch, --seq
+# override a preset's field. `--preset all` runs the three in turn in one process.
 PRESETS = {
     # the paper's base model on a small vocabulary: the benchmark of issues 2, 3 and 26
-    "base": dict(d_model=512, heads=8, d_ff=2048, layers=6, vocab=1000),
+    "base": dict(d_model=512, heads=8, d_ff=2048, layers=6, vocab=1000, batch=8, seq=32),
+    # a narrower, shallower model on longer and more sequences (B*T = 2048 rows per matmul)
+    "long": dict(d_model=256, heads=4, d_ff=1024, layers=3, vocab=1000, batch=32, seq=64),
     # the shape of Hugging Face's opus-mt-en-de (MarianMTModel): the base model with its 58101-id
     # shared vocabulary; built by impl, so ReLU and sinusoids where Marian has swish and its table
-    "marian": dict(d_model=512, heads=8, d_ff=2048, layers=6, vocab=58101),
+    "marian": dict(d_model=512, heads=8, d_ff=2048, layers=6, vocab=58101, batch=8, seq=32),
 }
 
 
 def configure_bench(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--preset", choices=PRESETS, default="base", help="model shape")
+    parser.add_argument(
+        "--preset", choices=[*PRESETS, "all"], default="base", help="model shape ('all': each)"
+    )
     parser.add_argument("--d-model", type=int, help="d_model (default: the preset's)")
     parser.add_argument("--heads", type=int, help="h (default: the preset's)")
     parser.add_argument("--d-ff", type=int, help="d_ff (default: the preset's)")
     parser.add_argument("--layers", type=int, help="encoder and decoder layers each")
     parser.add_argument("--vocab", type=int, help="source and target vocabulary (tied)")
-    parser.add_argument("--batch", type=int, default=8, help="B")
-    parser.add_argument("--seq", type=int, default=32, help="S = T")
-    parser.add_argument("--repeats", type=int, default=5, help="timed repeats of each measurement")
+    parser.add_argument("--batch", type=int, help="B (default: the preset's)")
+    parser.add_argument("--seq", type=int, help="S = T (default: the preset's)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=MIN_REPEATS,
+        help=f"timed repeats of each measurement, medians reported (at least {MIN_REPEATS})",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch's and numpy's BLAS threads")
     parser.add_argument("--matmul", type=int, default=1536, help="n of the n x n throughput matmul")
     parser.add_argument("--seed", type=int, default=0)
@@ -90,10 +107,9 @@ class Shape:
     seq: int
 
 
-def shape_of(args: argparse.Namespace) -> Shape:
-    preset = PRESETS[args.preset]
-    pick = {k: preset[k] if getattr(args, k) is None else getattr(args, k) for k in preset}
-    return Shape(**pick, batch=args.batch, seq=args.seq)
+def shape_of(args: argparse.Namespace, preset_name: str | None = None) -> Shape:
+    preset = PRESETS[preset_name or args.preset]
+    return Shape(**{k: preset[k] if getattr(args, k) is None else getattr(args, k) for k in preset})
 
 
 def forward_matmul_flops(spec: ModelSpec, B: int, S: int, T: int) -> int:
@@ -185,12 +201,33 @@ def _git_commit() -> str:
     return commit + (" (oracle/ or bench.py modified)" if dirty else "")
 
 
+def _oracle_dir() -> str:
+    """Where the timed oracle was imported from (a copy on PYTHONPATH times an older oracle)."""
+    here = Path(oracle.__file__).resolve().parent
+    checkout = Path(__file__).resolve().parents[2] / "oracle"
+    return "this checkout's oracle/" if here == checkout else str(here)
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    shape = shape_of(args)
+    if args.repeats < MIN_REPEATS:
+        print(f"xfmr bench: --repeats must be at least {MIN_REPEATS}", file=sys.stderr)
+        return 2
+    for name in PRESETS if args.preset == "all" else [args.preset]:
+        lines = bench_one(args, shape_of(args, name))
+        print("\n".join(lines), flush=True)
+        if args.record is not None:
+            command = " ".join(["xfmr", *sys.argv[1:]])
+            with args.record.open("a") as f:
+                f.write(f"\n```\n$ {command}  # {name}\n" + "\n".join(lines) + "\n```\n")
+    return 0
+
+
+def bench_one(args: argparse.Namespace, shape: Shape) -> list[str]:
+    """One shape's timed repeats and memory profiles: the report's lines."""
     torch.set_num_threads(args.threads)
     numpy_threads = blas_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -274,6 +311,7 @@ def run_bench(args: argparse.Namespace) -> int:
         f"machine: {os.cpu_count()} cpus, load average (1, 5, 15 min) {load_before} before the "
         f"timed repeats, {load_after} after",
         f"threads: torch {torch.get_num_threads()}, numpy BLAS {numpy_threads}",
+        f"oracle: {_oracle_dir()}",
         f"model d={spec.d_model} h={spec.n_heads} d_ff={spec.d_ff} {spec.n_enc}+{spec.n_dec} "
         f"layers, V={spec.tgt_vocab} (tied), B={B} S=T={L}; "
         f"medians of {args.repeats} interleaved repeats",
@@ -333,9 +371,4 @@ def run_bench(args: argparse.Namespace) -> int:
         f"{mem_torch_train / mib:.1f} MiB (its CPU allocator); forward alone: oracle "
         f"{mem_oracle_forward / mib:.1f} MiB, torch {mem_torch_forward / mib:.1f} MiB (no_grad)"
     )
-    print("\n".join(lines))
-    if args.record is not None:
-        command = " ".join(["xfmr", *sys.argv[1:]])
-        with args.record.open("a") as f:
-            f.write(f"\n```\n$ {command}\n" + "\n".join(lines) + "\n```\n")
-    return 0
+    return lines
