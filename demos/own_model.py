@@ -50,23 +50,24 @@ CONTRACT = (
     "translate",
 )
 TARGET = 0.98  # MS-L5: exact match on held-out three-digit sums
-# --smoke: two-digit sums, batch 64, the Noam peak (2.5e-3, near the full recipe's 2.2e-3) at
-# update 100 instead of 400, stopped once the 300 validation sums are all right (checked every 25
-# updates, the best checked weights kept) within SMOKE_UPDATES, and a 60-update LayerNorm demo of
-# one seed. Set from a sweep (results/demos/smoke_sweep.md, `python -m demos.smoke_sweep`): a cap of 500
+# --smoke: two-digit sums, batch 64, the Noam peak (2.5e-3, near the full recipe's 2.2e-3) at update
+# 100 instead of 400, stopped once the 300 validation sums are all right (checked every 25 updates,
+# the best checked weights kept) within SMOKE_UPDATES, and a 60-update LayerNorm demo of one seed.
+# Set from a sweep (results/demos/smoke_sweep.md, `python -m demos.smoke_sweep`): a cap of 500
 # updates stopped correct models mid-descent (impl at seed 0: loss 0.94 and falling at update 500,
 # exact match 0.374; 0.788 at seed 3, 0.216 at seed 7). With early stop, impl, the torch copy and
-# the correct example met the smoke at each of seeds 0-19 (60 runs) and the six real-world bases
-# at seed 0: validation solved by update 500-1200, held-out exact match 0.984 at least, the demo
-# 10 points apart at least; 17-34 s of CPU a run. The faulty subjects all failed: the padding
-# example by its padding check (exact match 0.998, 11% of answers changed by padding), a mutant
-# blind to the sum (s04), a fit zeroing gradients after backward and a noam_rate without warmup
-# (post-LN at 2.5e-2) at exact match 0.000-0.102 after the 3000 updates (46-59 s of CPU), a
-# translate keeping eos (s11) at 0.000. The bar 0.9 sits between 0.102 and 0.984; the cap of 3000
-# is 2.5x the latest solve.
+# the correct example met the smoke at each of seeds 0-19 (60 runs) and the six real-world bases at
+# seed 0: validation solved by update 500-1200, held-out exact match 0.984 at least, the demo 10
+# points apart at least; 17-34 s of CPU a run. The faulty subjects all failed: the padding example
+# by its padding check (exact match 0.998, 11% of answers changed by padding), a mutant blind to the
+# sum (s04), a fit zeroing gradients after backward and a noam_rate without warmup (post-LN at
+# 2.5e-2) at exact match 0.000-0.102 after the 3000 updates (46-59 s of CPU), a translate keeping
+# eos (s11) at 0.000. The bar 0.9 sits between 0.102 and 0.984; the cap of 3000 is 2.5x the latest
+# solve.
 SMOKE_BAR = 0.9
 SMOKE_UPDATES = 3000
-SWEEP = "results/demos/smoke_sweep.md: 60 runs of 3 subjects"  # what the recipe and bar were set from
+# what the recipe and bar were set from
+SWEEP = "results/demos/smoke_sweep.md: 60 runs of 3 subjects"
 PADS = 3  # pad positions appended to every source: the answers must not change
 # Masked keys weigh exactly 0, so a correct model's padded answers are its plain ones; only a
 # kernel's rounding on another shape could flip a near-tie. The faulty example (its

@@ -13,8 +13,8 @@ of five whole scores.
 
 A draw d here is the sample `XFMR_DRAW_SEED=d xfmr mutation-score SUITE` draws.
 
-A measurement of the mutation-score job (its results are results/mutants/generated_draws.md), so it lives
-among the measurements and is the one tool that runs a job (pyproject's contracts say so).
+A measurement of the mutation-score job (its results are results/mutants/generated_draws.md), so it
+lives among the measurements and is the one tool that runs a job (pyproject's contracts say so).
 """
 
 from __future__ import annotations

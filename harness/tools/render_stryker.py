@@ -3,7 +3,8 @@
 
 The viewer is Stryker's own web component (npm: mutation-testing-elements, its standalone bundle
 dist/mutation-test-elements.js); the browser is Chromium, headless. A staff check that the report
-renders as the CLI counts it (results/mutants/stryker_report.png), not a test: neither is installed by CI.
+renders as the CLI counts it (results/mutants/stryker_report.png), not a test: neither is installed
+by CI.
 
     npm pack mutation-testing-elements@3.9.0 && tar -xzf mutation-testing-elements-3.9.0.tgz
     apt-get install -y chromium

@@ -92,7 +92,8 @@ def _impl_as_a_student_file(folder: Path, change: tuple[str, str] | None = None)
 
 
 # The seeds at which the smoke's old recipe (500 updates) failed impl itself (issue 48: 0.374 at
-# the default seed, 0.788 at 3, 0.216 at 7); results/demos/smoke_sweep.md has the sweep of every seed.
+# the default seed, 0.788 at 3, 0.216 at 7); results/demos/smoke_sweep.md has the sweep of every
+# seed.
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 3, 7])
 def test_smoke_meets_the_bar_with_impl_as_a_student_file(tmp_path, seed):

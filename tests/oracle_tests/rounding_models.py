@@ -5,7 +5,8 @@ rows folded), over random configurations in every dtype. Both estimate one sprea
 each, so per value their ratio scatters around 1 (two independent RMS estimates of 32 samples:
 about +-20% at one sigma); what must hold is a median near 1 and no systematic drift.
 
-    python tests/oracle_tests/rounding_models.py --configs 40 --write results/oracle/rounding_model.md
+    python tests/oracle_tests/rounding_models.py --configs 40 \
+        --write results/oracle/rounding_model.md
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
     python tests/harness_tests/realworld/run_set.py                 # bases and every variant
     python tests/harness_tests/realworld/run_set.py fused-loss-sum  # some ids (or base names)
     python tests/harness_tests/realworld/run_set.py --write-observed  # refresh observed_today.json
-    python tests/harness_tests/realworld/run_set.py --write-md results/grading/realworld.md  # the table
+    # the table:
+    python tests/harness_tests/realworld/run_set.py --write-md results/grading/realworld.md
     python tests/harness_tests/realworld/run_set.py --write-examples  # refresh the two examples/
     python tests/harness_tests/realworld/run_set.py --dtype bfloat16 --no-variants  # the bases
 

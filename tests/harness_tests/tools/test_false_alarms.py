@@ -1,5 +1,6 @@
 """The false-alarm sweep (`xfmr false-alarms`): whole grades of correct subjects under secret
-draws and dtypes. The committed sweep is results/grading/false_alarms.md; this is CI's smaller one."""
+draws and dtypes. The committed sweep is results/grading/false_alarms.md; this is CI's smaller
+one."""
 
 import argparse
 from pathlib import Path
@@ -14,8 +15,8 @@ from harness.tools.false_alarms import Candidate, candidates, draw_range, sweep
 
 FAULTY = Path(__file__).resolve().parents[3] / "examples" / "faulty_submission.py"
 
-# Draws outside the committed sweep's range (results/grading/false_alarms.md), so CI adds draws to it
-# instead of repeating them; fixed, so a red run names a draw anyone can rerun.
+# Draws outside the committed sweep's range (results/grading/false_alarms.md), so CI adds draws to
+# it instead of repeating them; fixed, so a red run names a draw anyone can rerun.
 CI_DRAWS = [1_000_003]
 
 
