@@ -25,17 +25,22 @@ gradients included.
 from __future__ import annotations
 
 import argparse
+import atexit
 import ctypes
 import datetime
 import glob
+import importlib
 import json
 import os
+import re
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import tracemalloc
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +53,7 @@ from impl import transformer as impl
 from oracle import read_state_dict
 from oracle.grads import backward, forward_for_grads, loss_and_grads
 from oracle.model import forward
-from oracle.params import ModelSpec
+from oracle.params import ModelSpec, Params
 
 EPS, PAD = 0.1, 0
 FORWARD_TARGET = 1.5  # issue 2: oracle forward within 1.5x of torch float64
@@ -93,6 +98,13 @@ def configure_bench(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--record", type=Path, help="append the run, with its command, to this file"
+    )
+    parser.add_argument(
+        "--paired-with",
+        type=Path,
+        metavar="DIR",
+        help="also time the oracle/ under DIR (e.g. `git archive OLD oracle | tar -x -C DIR`) "
+        "against this checkout's, forward+backward alternated: a change's own effect",
     )
 
 
@@ -226,6 +238,51 @@ def run_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_oracle_copy(root: Path) -> types.ModuleType:
+    """The oracle package under root/oracle, imported as `oracle_baseline` beside this one (its
+    own imports of oracle.* rewritten to it), so that both can run in one process."""
+    source = root / "oracle"
+    if not (source / "__init__.py").is_file():
+        raise SystemExit(f"xfmr bench: --paired-with {root}: no oracle/__init__.py there")
+    if "oracle_baseline" in sys.modules:  # --preset all: loaded for the first size
+        return sys.modules["oracle_baseline"]
+    root_copy = tempfile.mkdtemp(prefix="xfmr-bench-")
+    atexit.register(shutil.rmtree, root_copy, ignore_errors=True)
+    target = Path(root_copy) / "oracle_baseline"
+    for path in source.rglob("*.py"):
+        text = re.sub(r"\b(from|import) oracle\b", r"\1 oracle_baseline", path.read_text())
+        copy = target / path.relative_to(source)
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        copy.write_text(text)
+    sys.path.insert(0, str(target.parent))
+    return importlib.import_module("oracle_baseline")
+
+
+def paired_lines(
+    args: argparse.Namespace, model: torch.nn.Module, params: Params, inputs: tuple
+) -> list[str]:
+    """--paired-with: the copy's loss_and_grads (forward+backward) and this oracle's on the same
+    model and batch, alternated (who goes first swaps every repeat), CPU medians of --repeats
+    after one warm-up pair: the change's own effect, whatever the load did meanwhile."""
+    base = load_oracle_copy(args.paired_with)
+    base_params = base.read_state_dict(model)
+    sides: dict[str, Callable[[], object]] = {
+        "here": lambda: loss_and_grads(params, *inputs),
+        "there": lambda: base.loss_and_grads(base_params, *inputs),
+    }
+    cpu: dict[str, list[float]] = {k: [] for k in sides}
+    for repeat in range(args.repeats + 1):
+        for name in list(sides)[:: 1 if repeat % 2 else -1]:
+            clocks = timed(sides[name])
+            if repeat:
+                cpu[name].append(clocks.cpu)
+    here, there = (statistics.median(cpu[k]) for k in ("here", "there"))
+    return [
+        f"paired with {args.paired_with}/oracle, alternated, cpu medians of {args.repeats}: "
+        f"forward+backward {there:.3f} s there, {here:.3f} s here, here / there {here / there:.3f}"
+    ]
+
+
 def bench_one(args: argparse.Namespace, shape: Shape) -> list[str]:
     """One shape's timed repeats and memory profiles: the report's lines."""
     torch.set_num_threads(args.threads)
@@ -302,6 +359,8 @@ def bench_one(args: argparse.Namespace, shape: Shape) -> list[str]:
     mem_torch_train = torch_peak_bytes(torch_train)
     mem_oracle_forward = numpy_peak_bytes(oracle_forward)
     mem_torch_forward = torch_peak_bytes(torch_forward)
+    inputs = (src_np, tgt_np, out_np, mask_np, mask_np, EPS, PAD)
+    paired = [] if args.paired_with is None else paired_lines(args, model, params, inputs)
 
     spec = params.spec
     flops = backward_matmul_flops(spec, B, L, L)
@@ -371,4 +430,4 @@ def bench_one(args: argparse.Namespace, shape: Shape) -> list[str]:
         f"{mem_torch_train / mib:.1f} MiB (its CPU allocator); forward alone: oracle "
         f"{mem_oracle_forward / mib:.1f} MiB, torch {mem_torch_forward / mib:.1f} MiB (no_grad)"
     )
-    return lines
+    return lines + paired
