@@ -228,6 +228,12 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.repeats < MIN_REPEATS:
         print(f"xfmr bench: --repeats must be at least {MIN_REPEATS}", file=sys.stderr)
         return 2
+    if args.paired_with is not None and not (args.paired_with / "oracle" / "__init__.py").is_file():
+        print(
+            f"xfmr bench: --paired-with {args.paired_with}: no oracle/ package there",
+            file=sys.stderr,
+        )
+        return 2
     for name in PRESETS if args.preset == "all" else [args.preset]:
         lines = bench_one(args, shape_of(args, name))
         print("\n".join(lines), flush=True)
