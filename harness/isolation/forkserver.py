@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.isolation import warm as persistent
-from harness.isolation.worker import Process, kill_group
+from harness.isolation.worker import Process, Start, kill_group
 
 MAX_MESSAGE = 4096
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -90,9 +90,20 @@ class ForkServer:
             raise OSError(f"the fork server exited{status}")
         return json.loads(reply)
 
-    def spawn(self, request_fd: int, reply_fd: int, log_fd: int) -> Process:
-        """Fork a worker on these descriptors (the server's copies)."""
-        pid = self._ask({"op": "spawn"}, (request_fd, reply_fd, log_fd))["pid"]
+    def spawn(
+        self,
+        request_fd: int,
+        reply_fd: int,
+        log_fd: int,
+        paths: tuple[str, ...] = (),
+        bytecode: bool = True,
+    ) -> Process:
+        """Fork a worker on these descriptors (the server's copies); `paths` after the project
+        on its import path, and no bytecode written where not `bytecode`."""
+        request: dict[str, Any] = {"op": "spawn"}
+        if paths or not bytecode:
+            request |= {"paths": list(paths), "bytecode": bytecode}
+        pid = self._ask(request, (request_fd, reply_fd, log_fd))["pid"]
         return _Forked(self, pid)
 
     def wait(self, pid: int, timeout: float) -> int | None:
@@ -195,3 +206,15 @@ def _try_fork_server() -> None:
 def forked(request_fd: int, reply_fd: int, log_fd: int) -> Process:
     """A `Start` for trusted workers: forked from the fork server."""
     return fork_server().spawn(request_fd, reply_fd, log_fd)
+
+
+def forked_as_local(paths: tuple[str, ...] = ()) -> Start:
+    """A `Start` for code its owner trusts on their own machine (a self-check), forked from the
+    fork server instead of started as a plain subprocess (harness.isolation.local.local): with
+    `paths` after the project on its import path and no bytecode written, as that would; its
+    working folder and limits come from the load request's confinement, as there."""
+
+    def start(request_fd: int, reply_fd: int, log_fd: int) -> Process:
+        return fork_server().spawn(request_fd, reply_fd, log_fd, paths, bytecode=False)
+
+    return start

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import random
 import secrets
+import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from harness import grading
 from harness.analysis import Score
 from harness.engine import work
 from harness.engine.run import Launch
+from harness.isolation import forkserver
 from harness.isolation.local import confinement, local, workspace
 from harness.isolation.sandbox import UnsafeInput, staged
 from harness.isolation.worker import (
@@ -57,6 +60,11 @@ from harness.subjects import Kind, Subject
 
 # How a self-check's workers ran: every report of one says so (the grade's `isolation` field).
 SELF_CHECK = "SELF-CHECK, not a grade: your own code, run on this machine without a sandbox"
+# The environment the canary proves a self-check's workers in (harness.canary), where they fork
+# from the warm server: a proof of its own, apart from plain subprocesses'.
+WARM_PROOF = f"{SELF_CHECK}; workers forked from the warm fork server"
+WARM_SWITCH = "XFMR_CHECK_WARM"  # 0: plain subprocesses (xfmr check --cold)
+WARM_IDLE = 300.0  # seconds the warm server outlives the last check
 
 
 def load_path(path: Path) -> Path:
@@ -65,15 +73,36 @@ def load_path(path: Path) -> Path:
     return path.resolve()
 
 
+def warm_available() -> bool:
+    """Whether this self-check's workers fork from the warm server (harness.isolation.warm):
+    where os.fork and AF_UNIX SOCK_SEQPACKET exist (Linux), unless XFMR_CHECK_WARM=0 (or
+    `xfmr check --cold`) asks for plain subprocesses."""
+    if os.environ.get(WARM_SWITCH, "1").strip() in ("0", "no", "false", "off"):
+        return False
+    return (
+        sys.platform.startswith("linux")
+        and hasattr(os, "fork")
+        and hasattr(socket, "SOCK_SEQPACKET")
+    )
+
+
 @contextmanager
 def launching(
     path: Path, load_timeout: float = LOAD_TIMEOUT, folder: Path | None = None
 ) -> Iterator[Launch]:
-    """How the self-check's workers on `path` start: plain subprocesses in a private folder,
-    the submission's folder on their import path (its own helper modules import)."""
+    """How the self-check's workers on `path` start, in a private folder with the submission's
+    folder on their import path (its own helper modules import): each a fresh fork of the warm
+    server, which imported torch and the probes once and never a submission
+    (warm_available(); it is started by the first check and exits WARM_IDLE seconds after the
+    last), else a plain subprocess (harness.isolation.local)."""
     target = load_path(path)
-    with workspace() as work_folder:
-        start = local(work_folder, (str(folder.resolve() if folder else target.parent),))
+    paths = (str(folder.resolve() if folder else target.parent),)
+    with workspace() as work_folder, ExitStack() as stack:
+        if warm_available():
+            stack.enter_context(forkserver.warm_server(WARM_IDLE))
+            start = forkserver.forked_as_local(paths)
+        else:
+            start = local(work_folder, paths)
         spec = {"path": str(target)}
         if folder is not None:  # loaded as the grader loads a student's folder
             spec["folder"] = str(folder.resolve())
@@ -96,8 +125,13 @@ def check(
     transformer.py), graded by grade's own procedure (grading.Grading): the same rejections,
     cells, messages, diagnosis and text; only the workers are plain subprocesses (SELF_CHECK)."""
     apart = grading.tests_apart()  # plain subprocesses: as a grade's sandboxes
-    with grading.Grading(path, tests, SELF_CHECK, local_workers, time_limit) as g:
+    with grading.Grading(path, tests, SELF_CHECK, local_workers, time_limit, proof()) as g:
         return g.grade(apart)
+
+
+def proof() -> str:
+    """The canary's environment for this self-check's workers ("": the mode alone)."""
+    return WARM_PROOF if warm_available() else ""
 
 
 def text(g: Grade) -> str:
@@ -110,7 +144,7 @@ def text(g: Grade) -> str:
 def runner(path: str | Path, tests: Sequence[Test] = SHARED_TESTS) -> grading.Grading:
     """The shared tests one at a time on the student's code, for `pytest --xfmr` (one pytest
     item each, Grading.result): graded as check() grades it. Close it when done."""
-    return grading.Grading(path, tests, SELF_CHECK, local_workers)
+    return grading.Grading(path, tests, SELF_CHECK, local_workers, proof=proof())
 
 
 # --- the student's own suite ------------------------------------------------------------------
@@ -235,6 +269,12 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--time-limit", type=positive(float), metavar="S", help="cap every test's limit (seconds)"
     )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="start every worker as a fresh interpreter instead of forking it from the warm "
+        f"server that checks keep for {WARM_IDLE / 60:.0f} idle minutes (as {WARM_SWITCH}=0)",
+    )
     parser.add_argument("--json", metavar="FILE", help="the self-check's grade as JSON")
     parser.add_argument(
         "--html",
@@ -308,11 +348,13 @@ def run_check(args: argparse.Namespace) -> int:
         return usage_error("check", tests)
     statuses = []
     if args.submission:
-        g = check(args.submission, tests, args.time_limit)
+        with _cold(args.cold):
+            g = check(args.submission, tests, args.time_limit)
         print(text(g), flush=True)
         if g.error:
             print(f"xfmr check: checker error (exit 3):\n{g.error}", file=sys.stderr)
-        pictures = page_pictures(args.submission, g) if args.html else None
+        with _cold(args.cold):
+            pictures = page_pictures(args.submission, g) if args.html else None
         reports = [(args.json, lambda: grade_report.to_json(g))]
         written = write_all("check", [*reports, (args.html, lambda: check_page.page(g, pictures))])
         statuses.append(3 if g.error else 2 if not written else 0 if g.passed else 1)
@@ -321,6 +363,21 @@ def run_check(args: argparse.Namespace) -> int:
             print()
         statuses.append(_run_suite(args))
     return max(statuses)
+
+
+@contextmanager
+def _cold(cold: bool) -> Iterator[None]:
+    """Within: no warm server, where `cold` (XFMR_CHECK_WARM=0, restored after)."""
+    before = os.environ.get(WARM_SWITCH)
+    if cold:
+        os.environ[WARM_SWITCH] = "0"
+    try:
+        yield
+    finally:
+        if cold and before is None:
+            del os.environ[WARM_SWITCH]
+        elif cold and before is not None:
+            os.environ[WARM_SWITCH] = before
 
 
 def _run_suite(args: argparse.Namespace) -> int:

@@ -6,7 +6,8 @@ sandbox (harness.isolation.sandbox). `python -m harness.isolation.child.forkserv
 the unix socket FD (SOCK_SEQPACKET: one message per recv), one request at a time:
 - spawn, with three descriptors attached (request pipe, reply pipe, log file): fork a worker that
   leads its own session, writes its output to the log and serves harness.isolation.child.serve;
-  answers {"pid": pid}.
+  answers {"pid": pid}. Optional "paths" and "bytecode": false set up the worker as a plain
+  subprocess of a self-check would be (harness.isolation.local; `_prepare`).
 - wait {"pid", "timeout"}: reap that worker; answers {"status": exit code, negative for a
   signal} or {"status": null} if it is still running after `timeout` seconds.
 The fork server is the workers' parent, so only it can reap them and read their exit status.
@@ -85,6 +86,7 @@ def _serve(control: socket.socket, about: dict[str, Any] | None = None) -> None:
                     os.dup2(log, 1)
                     os.dup2(log, 2)
                     os.close(log)
+                    _prepare(request)
                     serve.serve(req_r, resp_w)
                     code = 0
                 finally:
@@ -102,6 +104,19 @@ def _serve(control: socket.socket, about: dict[str, Any] | None = None) -> None:
         else:
             reply = {"error": f"unknown op {request['op']!r}"}
         control.sendall(json.dumps(reply).encode())
+
+
+def _prepare(request: dict[str, Any]) -> None:
+    """A spawn request's own setting of its worker, as a plain subprocess of
+    harness.isolation.local would have it: "paths" (the submission's folder: its own helper
+    modules import) after the project on the import path, and "bytecode": false (no
+    __pycache__ written beside the student's files: python -B)."""
+    paths = [str(p) for p in request.get("paths", [])]
+    if paths:
+        after = sys.path.index(str(PROJECT_ROOT)) + 1 if str(PROJECT_ROOT) in sys.path else 0
+        sys.path[after:after] = paths
+    if request.get("bytecode") is False:
+        sys.dont_write_bytecode = True
 
 
 def _reap(pid: int, timeout: float) -> int | None:
