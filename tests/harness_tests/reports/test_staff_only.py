@@ -261,7 +261,7 @@ def test_the_scripts_last_resort(tmp_path):
 @pytest.mark.parametrize("isolation", ISOLATIONS.values(), ids=list(ISOLATIONS))
 def test_a_mutation_scores_results_json_keeps_the_isolation_hidden(isolation):
     runs = {s.name: ms.SubjectRun({"t": Cell(Outcome.PASSED, "")}, ["t"]) for s in ms.subjects()}
-    s = ms._score(ms.subjects(), runs, ms.MODULE, 1.0, 0.0)
+    s = ms.scored(ms.subjects(), runs, ms.MODULE, 1.0, 0.0)
     s.isolation = isolation
     results = score.gradescope(s)
     clean(gradescope_seen(results), "a mutation score")
