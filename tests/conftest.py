@@ -58,6 +58,21 @@ def junit_schema():
     return xmlschema.XMLSchema(str(path))
 
 
+CHROMIUM = Path("/usr/bin/chromium")
+
+
+@pytest.fixture(scope="session")
+def chromium():
+    """Debian's Chromium, which reads the project's HTML pages back (.ci/run installs it); its
+    absence fails CI and skips elsewhere."""
+    if not CHROMIUM.exists():
+        why = f"{CHROMIUM} is absent: Debian's Chromium reads the page (apt-get install chromium)"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}; CI must install it (.ci/run)")
+        pytest.skip(why)
+    return CHROMIUM
+
+
 @pytest.fixture(scope="session", autouse=True)
 def private_runtime_dir(tmp_path_factory):
     """The warm fork server (harness.isolation.warm) that `matrix --incremental` keeps lives in a

@@ -4,7 +4,6 @@ and links from hand-built records, student text kept as text, and the page as a 
 
 import csv
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -26,7 +25,6 @@ from harness.shared_tests.laws import BY_NAME
 from harness.tools.render_stryker import CHROMIUM_FLAGS
 
 ROOT = Path(__file__).resolve().parents[3]
-CHROMIUM = Path("/usr/bin/chromium")
 HOSTILE = "<script>alert(1)</script>"
 SCRIPT = '</td></tr><script>alert("x")</script><img src=x onerror=alert(1)>'
 
@@ -395,17 +393,6 @@ def test_read_results_keeps_the_causes_time_and_file(tmp_path):
 
 
 # --- in a real browser ---------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def chromium():
-    """Debian's Chromium (.ci/run installs it); its absence fails CI and skips elsewhere."""
-    if not CHROMIUM.exists():
-        why = f"{CHROMIUM} is absent: Debian's Chromium reads the page (apt-get install chromium)"
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}; CI must install it (.ci/run)")
-        pytest.skip(why)
-    return CHROMIUM
 
 
 def dump_dom(browser: Path, page: Path, profile: Path) -> str:
