@@ -147,7 +147,9 @@ def reason(failed: Grade) -> str:
     """The grader error said for a failed proof: the first failure, then the fix."""
     first = next((t for t in failed.tests if t.outcome is not Outcome.PASSED), None)
     said = failed.error or failed.rejected or (first.message if first else "no test passed")
-    said = said.strip().splitlines()[0] if said.strip() else "no message"
+    lines = said.strip().splitlines()
+    # a traceback's news is its last line (the exception), a message's its first
+    said = (lines[-1] if lines[0].startswith("Traceback") else lines[0]) if lines else "no message"
     return (
         f"{GRADER_ERROR}: the grader's workers cannot run a correct model in this environment, "
         f"so no verdict of theirs can be trusted and nothing was charged. The known-correct "

@@ -176,3 +176,13 @@ def test_workers_that_cannot_run_a_correct_model_are_a_grader_error(tmp_path):
     grade = json.loads((tmp_path / "g.json").read_text())
     assert grade["grader_error"].startswith("GRADER ERROR")
     assert not list((tmp_path / "cache").glob("*.json")), "a failed proof is not kept"
+
+
+def test_a_grader_traceback_is_said_by_its_exception_not_its_first_line():
+    """A failed proof whose grade broke the grader names the exception (the traceback's last
+    line), so staff read what broke, not 'Traceback (most recent call last):'."""
+    error = 'Traceback (most recent call last):\n  File "x.py", line 1\nOSError: the server closed'
+    said = canary.reason(Grade("canary", [], error=error))
+    assert "OSError: the server closed" in said and "most recent call" not in said
+    said = canary.reason(Grade("canary", [], rejected="a first line\nand a second"))
+    assert "a first line" in said and "a second" not in said

@@ -39,6 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.isolation.limits import PROJECT_PACKAGES
+
 MAX_MESSAGE = 4096
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
@@ -134,10 +136,14 @@ def _reap(pid: int, timeout: float) -> int | None:
 
 
 def _project_sources() -> dict[str, str]:
-    """sha256 of every .py file of the project (hidden folders and caches left out): read before
-    the preload, so an edit made while it imports shows as a difference, never as current."""
+    """sha256 of every .py file of the project's packages (caches left out): read before the
+    preload, so an edit made while it imports shows as a difference, never as current. The
+    packages alone: in an installed wheel (the student kit) PROJECT_ROOT is site-packages, whose
+    torch would make the `about` reply too large for one packet."""
     found = {}
-    for folder, dirs, files in os.walk(PROJECT_ROOT):
+    for folder, dirs, files in (
+        step for package in PROJECT_PACKAGES for step in os.walk(PROJECT_ROOT / package)
+    ):
         dirs[:] = [d for d in dirs if not d.startswith(".") and d != "__pycache__"]
         for name in files:
             if name.endswith(".py"):
