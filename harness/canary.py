@@ -21,6 +21,7 @@ A failure is never kept: the next grade tries again.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -58,10 +59,15 @@ def cache_dir() -> Path:
 
 
 def _torch_build() -> str:
+    """Which torch a worker imports, read without importing it (an import costs the parent about
+    a second of every self-check): where it is installed and its version.py, which names the
+    version, the git commit and the CUDA build."""
     try:
-        import torch
-
-        return f"{torch.__version__} cuda={torch.version.cuda}"
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            return "torch unavailable: not found"
+        version = Path(spec.origin).with_name("version.py").read_bytes()
+        return f"{os.path.realpath(spec.origin)} {hashlib.sha256(version).hexdigest()}"
     except Exception as e:  # said in the fingerprint; the proof itself will fail and say why
         return f"torch unavailable: {type(e).__name__}"
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from harness import canary
 from harness.engine.run import Launch, SubjectWorker, run_subject_apart, unjudgeable
@@ -292,6 +293,10 @@ class Grading:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def hold(self, context: AbstractContextManager[Any]) -> None:
+        """Keep `context` entered until this grading is closed (a self-check's bounds store)."""
+        self._stack.enter_context(context)
 
     def close(self) -> None:
         if self._runner is not None:

@@ -22,6 +22,10 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
 # The grader proves its workers on a correct model once per environment and keeps the pass
 # (harness.canary): in a folder of this test process's, never a user's cache of another state.
 os.environ.setdefault("XFMR_CANARY_CACHE", tempfile.mkdtemp(prefix="xfmr-canary-tests-"))
+# a self-check's bounds and next draws (harness.students.draws_ahead): a folder of the run's
+# own, and no detached preparation after each `xfmr check` a test runs (test_draws_ahead's own)
+os.environ.setdefault("XFMR_CHECK_CACHE", tempfile.mkdtemp(prefix="xfmr-check-tests-"))
+os.environ.setdefault("XFMR_CHECK_AHEAD", "0")
 
 
 # Stryker's official report schema, as published on npm (mutation-testing-report-schema); .ci/run

@@ -25,9 +25,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from harness.isolation.worker import printable
 from harness.options import usage_error
@@ -36,6 +34,9 @@ from harness.records import Grade
 from harness.reports.class_report import html_report
 from harness.reports.safe import markdown_table, to_csv
 from harness.reports.writer import report_path_problem, write_all
+
+if TYPE_CHECKING:  # pandas is imported where a table is made: a check or a grade needs none
+    import pandas as pd
 
 HARDEST_COLUMNS = ["test", "failed", "of", "share", "usual outcome"]
 # The files summarize reads unless told otherwise: Gradescope's name, and grade-batch's.
@@ -205,6 +206,8 @@ def first_causes(texts: Iterable[str]) -> tuple[tuple[str, str], ...]:
 def batch_table(grades: Sequence[Graded]) -> pd.DataFrame:
     """One row per entry: its status (STATUSES) and reason, score, max, passed, each test's
     outcome; an entry that is not a submission has no score (an empty cell)."""
+    import pandas as pd
+
     rows = []
     for g in grades:
         graded = g.status != NOT_A_SUBMISSION
@@ -238,6 +241,8 @@ def counts_line(grades: Sequence[Graded]) -> str:
 def hardest(grades: Sequence[Graded]) -> pd.DataFrame:
     """Which tests students fail most: failures, of how many, share, most common outcome. Only
     the submissions that ran count (rejected ones and grader errors failed no test)."""
+    import pandas as pd
+
     cells = pd.DataFrame(
         [
             {"test": t.name, "failed": not t.passed, "outcome": t.outcome}

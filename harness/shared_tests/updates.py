@@ -23,6 +23,8 @@ from __future__ import annotations
 import ctypes
 import glob
 import os
+import queue
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -247,6 +249,56 @@ class Updates:
             for k, e in zip(self.keys, self.ends, strict=True)
         }
         return g
+
+
+class Behind:
+    """`Updates.judge` on a thread of its own, segment by segment in the order given, so that the
+    worker's checkpoint is answered at once and the subject trains while the parent replays (the
+    worker used to wait for every segment's replay and spot checks: a fifth of the learning
+    test's time). The verdict is the one judging in line gives: every segment up to the run's
+    end or the checkpoint where it stops is judged, in order, with the same secret draws; the
+    first failure is kept and nothing after it is judged; a weight the parent reads (the loss at
+    a checkpoint, the trained weights) is read only once the replay has caught up (`settle`)."""
+
+    def __init__(self, run: Updates) -> None:
+        self.run = run
+        self.failure: Exception | None = None  # the first segment that did not hold
+        self._queue: queue.Queue[tuple[int, Any] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._judge, name="learning-replay", daemon=True)
+        self._thread.start()
+
+    def put(self, update: int, shown: Any) -> None:
+        """Judge `shown`, the segment that ends at checkpoint `update`, after those put before."""
+        self._queue.put((update, shown))
+
+    def settle(self) -> Exception | None:
+        """Wait until every segment put so far is judged; the first failure, if any."""
+        self._queue.join()
+        return self.failure
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+    def _judge(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if self.failure is None:
+                    self._segment(*item)
+            except Exception as e:  # kept for the verdict; the thread goes on answering settle
+                self.failure = e
+            finally:
+                self._queue.task_done()
+
+    def _segment(self, update: int, shown: Any) -> None:
+        self.run.judge(shown)
+        if self.run.step != update:
+            raise Failure(
+                f"fit's callback counted {update} updates where the optimizer made {self.run.step}"
+            )
 
 
 def check_gradient(

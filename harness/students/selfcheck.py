@@ -53,9 +53,11 @@ from harness.reports import check_page
 from harness.reports import grade as grade_report
 from harness.reports import score as score_report
 from harness.reports.writer import report_path_problem, write_all
+from harness.shared_tests import bounds_store
 from harness.shared_tests.laws import SHARED_TESTS
 from harness.shared_tests.pictures import measure
 from harness.shared_tests.record import Test
+from harness.students import draws_ahead
 from harness.subjects import Kind, Subject
 
 # How a self-check's workers ran: every report of one says so (the grade's `isolation` field).
@@ -65,6 +67,7 @@ SELF_CHECK = "SELF-CHECK, not a grade: your own code, run on this machine withou
 WARM_PROOF = f"{SELF_CHECK}; workers forked from the warm fork server"
 WARM_SWITCH = "XFMR_CHECK_WARM"  # 0: plain subprocesses (xfmr check --cold)
 WARM_IDLE = 300.0  # seconds the warm server outlives the last check
+CHECK_CACHE = "XFMR_CHECK_CACHE"  # where self-checks keep bounds and the next check's draws
 
 
 def load_path(path: Path) -> Path:
@@ -124,9 +127,31 @@ def check(
     """`tests` on the student's code at `path` (a .py file, a package, or a folder holding
     transformer.py), graded by grade's own procedure (grading.Grading): the same rejections,
     cells, messages, diagnosis and text; only the workers are plain subprocesses (SELF_CHECK)."""
+    cache = check_cache()
+    with draws_ahead.claimed(cache / "draws", cache / "bounds"):
+        return graded(path, tests, time_limit, cache / "bounds")
+
+
+def graded(
+    path: str | Path, tests: Sequence[Test], time_limit: float | None, bounds: Path
+) -> Grade:
+    """check() on this process's draws, the oracle's bounds kept in `bounds`."""
     apart = grading.tests_apart()  # plain subprocesses: as a grade's sandboxes
-    with grading.Grading(path, tests, SELF_CHECK, local_workers, time_limit, proof()) as g:
+    with (
+        bounds_store.kept(bounds),
+        grading.Grading(path, tests, SELF_CHECK, local_workers, time_limit, proof()) as g,
+    ):
         return g.grade(apart)
+
+
+def check_cache() -> Path:
+    """Where self-checks keep the oracle's bounds (harness.shared_tests.bounds_store) and the
+    next check's draws (harness.students.draws_ahead): $XFMR_CHECK_CACHE, else the user's
+    cache folder."""
+    if given := os.environ.get(CHECK_CACHE):
+        return Path(given)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "xfmr-oracle" / "check"
 
 
 def proof() -> str:
@@ -144,7 +169,9 @@ def text(g: Grade) -> str:
 def runner(path: str | Path, tests: Sequence[Test] = SHARED_TESTS) -> grading.Grading:
     """The shared tests one at a time on the student's code, for `pytest --xfmr` (one pytest
     item each, Grading.result): graded as check() grades it. Close it when done."""
-    return grading.Grading(path, tests, SELF_CHECK, local_workers, proof=proof())
+    g = grading.Grading(path, tests, SELF_CHECK, local_workers, proof=proof())
+    g.hold(bounds_store.kept(check_cache() / "bounds"))
+    return g
 
 
 # --- the student's own suite ------------------------------------------------------------------
@@ -358,6 +385,9 @@ def run_check(args: argparse.Namespace) -> int:
         reports = [(args.json, lambda: grade_report.to_json(g))]
         written = write_all("check", [*reports, (args.html, lambda: check_page.page(g, pictures))])
         statuses.append(3 if g.error else 2 if not written else 0 if g.passed else 1)
+        with _cold(args.cold):
+            if warm_available() and draws_ahead.wanted():  # the next check's draws, derived
+                draws_ahead.prepare_next(check_cache() / "draws")  # while the student edits
     if args.suite:
         if args.submission:
             print()

@@ -8,6 +8,7 @@ no dask on the default paths."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -268,8 +269,17 @@ def test_the_students_commands_are_the_students_modules():
     from harness import cli
 
     commands = {c.module for c in cli.SECTIONS[0][1]} | {"harness.students.pytest_plugin"}
+    # a part of one command, imported by that command alone
+    parts = {"harness.students.draws_ahead": "harness.students.selfcheck"}
     here = {n for n in modules() if n.startswith("harness.students.")}
-    assert here == commands
+    assert here == commands | set(parts)
+    for part, command in parts.items():
+        name = part.rsplit(".", 1)[1]
+        users = [
+            p for p in (ROOT / "harness").rglob("*.py")
+            if re.search(rf"\b(import {name}\b|{re.escape(part)}\b)", p.read_text())
+        ]  # fmt: skip
+        assert [ROOT / (command.replace(".", "/") + ".py")] == users, (part, users)
     assert 'xfmr = "harness.students.pytest_plugin"' in (ROOT / "pyproject.toml").read_text()
 
 

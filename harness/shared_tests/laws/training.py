@@ -21,7 +21,7 @@ from harness.shared_tests.inputs import (
 )
 from harness.shared_tests.omitted import secret_picks
 from harness.shared_tests.record import Call, Failure, law
-from harness.shared_tests.updates import NotTheLossGradient, Updates
+from harness.shared_tests.updates import Behind, NotTheLossGradient, Updates
 from harness.shared_tests.verdicts import derived, errors, untied_params
 from oracle.precision import PRECISIONS
 
@@ -239,26 +239,30 @@ def heldout_loss(call: Call, setup: dict[str, Any], seed: int, bar: float | None
         weights, task["data"], cfg, rate, np.random.default_rng(draw_seed("spot checks", seed))
     )
 
+    behind = Behind(run)  # the replay, on a thread of its own (the worker need not wait for it)
+    asked = [0]  # checkpoints asked so far
+
     def on_checkpoint(question: Any) -> dict[str, bool]:
-        """The parent's answer to a checkpoint: stop or go on. It never raises (the worker waits
-        for the answer): what cannot be read, or an update that does not hold, stops the run and
-        fails it afterwards."""
-        due = LEARN_CHECK_EVERY * (len(unreadable) + len(seen) + 1)
+        """The parent's answer to a checkpoint: stop or go on, given at once (the segment's
+        updates are judged behind it, `Behind`). It never raises (the worker waits for the
+        answer): what cannot be read, or an update that does not hold, stops the run and fails
+        it afterwards."""
+        asked[0] += 1
+        due = LEARN_CHECK_EVERY * asked[0]
         try:
             update = int(question["update"])
             if update != due or update > recipe["steps"]:
                 raise ValueError(f"a checkpoint at update {update}, where {due} was due")
-            seen.append(update)
-            run.judge(question["updates"])
-            if run.step != update:
-                raise Failure(
-                    f"fit's callback counted {update} updates where the optimizer made {run.step}"
-                )
+            if behind.failure is not None:
+                return {"stop": True}
+            behind.put(update, question["updates"])
             if bar is None:
                 return {"stop": False}
             own = float(question["own_loss"])
             if not own <= bar:  # the model's own loss says it is not there yet: go on
                 return {"stop": False}
+            if behind.settle() is not None:  # the weights so far are not the replay's
+                return {"stop": True}
             loss = test_loss(run.weights, f"the weights after {update} updates")
         except Failure as e:
             refused.append(e)
@@ -270,11 +274,20 @@ def heldout_loss(call: Call, setup: dict[str, Any], seed: int, bar: float | None
             reached.append(Learned(loss, update))
         return {"stop": loss <= bar or own <= LEARN_STOP_FRACTION * bar}
 
-    seen: list[int] = []
-    r = call(
-        "learn", cfg=cfg, seed=seed, data=task["data"], **recipe, checkpoints=checkpoints,
-        weights=weights, first=first, on_ask=on_checkpoint, left_out=learn_left_out(recipe, seed),
-    )  # fmt: skip
+    try:
+        r = call(
+            "learn", cfg=cfg, seed=seed, data=task["data"], **recipe, checkpoints=checkpoints,
+            weights=weights, first=first, on_ask=on_checkpoint,
+            left_out=learn_left_out(recipe, seed),
+        )  # fmt: skip
+        behind_failure = behind.settle()
+    finally:
+        behind.close()
+    # a segment judged behind failed before any checkpoint after it was answered
+    if isinstance(behind_failure, Failure):
+        refused.insert(0, behind_failure)
+    elif behind_failure is not None:
+        unreadable.insert(0, f"{type(behind_failure).__name__}: {behind_failure}")
     check_first_update(r["first_update"], first, cfg, recipe)
     if refused and isinstance(refused[0], NotTheLossGradient) and run.shown is not None:
         # a forward pass that is not the contract's makes gradients that are not its loss's:
