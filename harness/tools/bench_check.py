@@ -1,13 +1,23 @@
-"""`python -m harness.tools.bench_check [FILE]`: wall times of `xfmr check FILE` (default the
-correct example), cold (XFMR_CHECK_WARM=0: every worker a fresh interpreter) and warm (the first
-check starts a warm server in a private runtime folder, the later ones fork from it), with the
-machine's load. A benchmark, not a test: it prints figures and asserts nothing."""
+"""`python -m harness.tools.bench_check [FILE] [--runs N]`: wall times of `xfmr check FILE`
+(default the correct example), as a student's command line runs it, in three ways, each in fresh
+private runtime and cache folders:
+
+- cold: XFMR_CHECK_WARM=0, every worker a fresh interpreter (and nothing prepared ahead);
+- warm: the first check starts the warm fork server, the later ones fork from it; no draws
+  prepared ahead (XFMR_CHECK_AHEAD=0);
+- warm + ahead: as a student gets it by default: after each check the next one's draws are
+  prepared in the background (harness.students.draws_ahead), and the bench waits for them to be
+  ready before the next check, as a student who edits for a few seconds does (the wait is shown).
+
+With the machine's load before and after. A benchmark, not a test: it prints figures (medians
+of the checks after the first) and asserts nothing."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -16,8 +26,10 @@ from pathlib import Path
 
 from harness.isolation import warm
 from harness.isolation.forkserver import worker_environment
+from harness.students import draws_ahead
 
 ROOT = Path(__file__).resolve().parents[2]
+READY_WAIT = 120.0  # seconds the bench waits for the next check's draws
 
 
 def timed(file: str, env: dict[str, str]) -> float:
@@ -31,25 +43,61 @@ def timed(file: str, env: dict[str, str]) -> float:
     return time.monotonic() - start
 
 
+def ready_after(draws: Path) -> float:
+    """Seconds until a draw is ready under `draws` (the preparation the last check started)."""
+    start = time.monotonic()
+    while not any(draws.glob(f"{draws_ahead.READY}*")):
+        if time.monotonic() - start > READY_WAIT:
+            raise SystemExit(f"no draw was ready within {READY_WAIT:g} s")
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+def series(file: str, runs: int, kind: str) -> tuple[list[float], list[float]]:
+    """`runs` checks of one kind, each kind in its own runtime and cache folders; the times and
+    (warm + ahead) the waits for the next draw."""
+    folder = Path(tempfile.mkdtemp(prefix="xb-", dir="/tmp"))
+    env = {
+        **os.environ,
+        "XFMR_RUNTIME_DIR": str(folder / "run"),
+        "XFMR_CHECK_CACHE": str(folder / "cache"),
+        "XFMR_CHECK_WARM": "0" if kind == "cold" else "1",
+        "XFMR_CHECK_AHEAD": "1" if kind == "warm + ahead" else "0",
+    }
+    env.pop(draws_ahead.SEED_VARIABLE, None)
+    times, waits = [], []
+    try:
+        for _ in range(runs):
+            times.append(timed(file, env))
+            if kind == "warm + ahead":
+                waits.append(ready_after(folder / "cache" / "draws"))
+    finally:
+        warm.stop(worker_environment(), folder / "run")
+        shutil.rmtree(folder, ignore_errors=True)
+    return times, waits
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.tools.bench_check")
     parser.add_argument("file", nargs="?", default="examples/correct_submission.py")
-    parser.add_argument("--runs", type=int, default=2, help="checks of each kind (2)")
+    parser.add_argument("--runs", type=int, default=5, help="checks of each kind (5)")
     args = parser.parse_args(argv)
     print(f"load before: {os.getloadavg()}")
-    folder = Path(tempfile.mkdtemp(prefix="xb-", dir="/tmp"))
-    base = {**os.environ, "XFMR_RUNTIME_DIR": str(folder)}
-    try:
-        cold = [timed(args.file, base | {"XFMR_CHECK_WARM": "0"}) for _ in range(args.runs)]
-        hot = [timed(args.file, base | {"XFMR_CHECK_WARM": "1"}) for _ in range(args.runs)]
-    finally:
-        warm.stop(worker_environment(), folder)
-        shutil.rmtree(folder, ignore_errors=True)
+    results = {k: series(args.file, args.runs, k) for k in ("cold", "warm", "warm + ahead")}
     print(f"load after: {os.getloadavg()}")
-    print("cold: " + ", ".join(f"{t:.2f} s" for t in cold))
-    print("warm: " + ", ".join(f"{t:.2f} s" for t in hot) + " (the first starts the server)")
-    if len(hot) > 1 and len(cold) > 1:
-        print(f"second check warm/cold: {hot[1] / cold[1]:.2f}")
+    for kind, (times, waits) in results.items():
+        line = f"{kind}: " + ", ".join(f"{t:.2f}" for t in times) + " s"
+        if len(times) > 1:
+            line += f"; median of checks 2-{len(times)}: {statistics.median(times[1:]):.2f} s"
+        if waits:
+            line += "; next draw ready after " + ", ".join(f"{w:.1f}" for w in waits) + " s"
+        print(line)
+    if args.runs > 1:
+        later = {k: statistics.median(t[1:]) for k, (t, _) in results.items()}
+        print(
+            f"later checks, warm/cold: {later['warm'] / later['cold']:.2f}; "
+            f"warm + ahead/cold: {later['warm + ahead'] / later['cold']:.2f}"
+        )
     return 0
 
 
