@@ -40,6 +40,7 @@ from harness.shared_tests.laws import SHARED_TESTS
 READY, PREPARING, CLAIMED = "ready-", "preparing-", "claimed-"
 DRAW_FILE = "draw.json"
 SEED_VARIABLE = "XFMR_DRAW_SEED"  # a fixed secret (to reproduce a run): nothing is claimed
+MODULE = "harness.students.draws_ahead"  # the preparation's command line names it
 SWITCH = "XFMR_CHECK_AHEAD"  # 0: no check prepares the next one's draws (the test suite's)
 
 
@@ -58,6 +59,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _preparing(pid: int) -> bool:
+    """Whether `pid` is a preparation still running: a process of that id whose command line
+    runs this module (an id the system has since given another process is not one: it is never
+    signalled)."""
+    try:
+        return MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
 def _pid_of(folder: Path, prefix: str) -> int | None:
     try:
         return int(folder.name[len(prefix) :].split("-", 1)[0])
@@ -67,10 +78,10 @@ def _pid_of(folder: Path, prefix: str) -> int | None:
 
 def _sweep(root: Path) -> None:
     """Remove what dead processes left: a preparation or a claim whose process is gone."""
-    for prefix in (PREPARING, CLAIMED):
+    for prefix, running in ((PREPARING, _preparing), (CLAIMED, _alive)):
         for left in root.glob(f"{prefix}*"):
             pid = _pid_of(left, prefix)
-            if pid is None or not _alive(pid):
+            if pid is None or not running(pid):
                 shutil.rmtree(left, ignore_errors=True)
 
 
@@ -78,7 +89,7 @@ def stop_preparing(root: Path) -> None:
     """Stop a preparation that is still running (it is started again after this check)."""
     for busy in root.glob(f"{PREPARING}*"):
         pid = _pid_of(busy, PREPARING)
-        if pid is not None and pid != os.getpid() and _alive(pid):
+        if pid is not None and pid != os.getpid() and _preparing(pid):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGTERM)
 
@@ -133,7 +144,7 @@ def prepare_next(root: Path) -> bool:
         if any(root.glob(f"{READY}*")) or any(root.glob(f"{PREPARING}*")):
             return False
         subprocess.Popen(
-            [sys.executable, "-m", __name__, str(root)],
+            [sys.executable, "-m", MODULE, str(root)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

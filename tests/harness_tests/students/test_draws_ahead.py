@@ -81,18 +81,33 @@ def test_a_fixed_secret_claims_nothing(tmp_path, monkeypatch, fixed_secret):
     assert not draws_ahead.prepare_next(root)  # nor prepares one
 
 
-def test_what_dead_processes_left_is_swept(tmp_path, monkeypatch):
+def test_what_dead_processes_left_is_swept_and_only_a_preparation_is_stopped(tmp_path, monkeypatch):
     monkeypatch.delenv(draws_ahead.SEED_VARIABLE, raising=False)
     root = tmp_path / "draws"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    for prefix in (draws_ahead.PREPARING, draws_ahead.CLAIMED):
-        (root / f"{prefix}{dead.pid}-00ff").mkdir(parents=True)
-    mine = root / f"{draws_ahead.PREPARING}{os.getpid()}-0001"
-    mine.mkdir()
-    with draws_ahead.claimed(root, tmp_path / "bounds") as got:
-        assert not got
-    assert [p.name for p in root.iterdir()] == [mine.name]  # a live one stays
+    sleep = "import time; time.sleep(60)"
+    preparation = subprocess.Popen([sys.executable, "-c", sleep, draws_ahead.MODULE])
+    bystander = subprocess.Popen([sys.executable, "-c", sleep])  # an id reused by another
+    try:
+        for prefix in (draws_ahead.PREPARING, draws_ahead.CLAIMED):
+            (root / f"{prefix}{dead.pid}-00ff").mkdir(parents=True)
+        (root / f"{draws_ahead.PREPARING}{preparation.pid}-0001").mkdir()
+        (root / f"{draws_ahead.PREPARING}{bystander.pid}-0002").mkdir()
+        live_claim = root / f"{draws_ahead.CLAIMED}{os.getpid()}-0003"
+        live_claim.mkdir()
+        with draws_ahead.claimed(root, tmp_path / "bounds") as got:
+            assert not got
+        assert preparation.wait(timeout=30) == -15  # stopped: the check needs the CPU
+        assert bystander.poll() is None  # never signalled
+        left = sorted(p.name for p in root.iterdir())
+        # the stopped preparation's folder goes at the next sweep; the live claim stays
+        assert live_claim.name in left and not any(str(dead.pid) in n for n in left)
+        assert not any(str(bystander.pid) in n for n in left)
+    finally:
+        for p in (preparation, bystander):
+            p.kill()
+            p.wait()
 
 
 @pytest.mark.slow
