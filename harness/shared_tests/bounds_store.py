@@ -21,12 +21,14 @@ and written again.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +41,7 @@ KEPT_FILES = 256  # the oldest go first beyond this (a self-check writes about 2
 _FOLDER: list[Path | None] = [None]
 _LOCK = threading.Lock()
 _ORACLE_DIGEST: list[str] = []
+_CODE_DIGESTS: dict[str, str] = {}
 
 
 class _NotPlain(Exception):
@@ -76,22 +79,82 @@ def oracle_digest() -> str:
         return _ORACLE_DIGEST[0]
 
 
+def digest(x: Any, h: Any) -> None:
+    """Feed `x` (the oracle's Params, arrays, sequences, dicts, scalars) to the hash `h`, all of
+    it: the key of a derivation of `x` (verdicts.derived's, `remembered`'s)."""
+    if isinstance(x, oracle.Params):
+        h.update(repr((x.scheme, x.spec.norm, x.spec.tie, x.spec.d_model)).encode())
+        for name in sorted(x.arrays):
+            digest(name, h)
+            digest(x.arrays[name], h)
+        for extra in (x.spec.pos_table, x.spec.logits_bias):
+            digest(extra, h)
+        h.update(repr(dataclasses.replace(x.spec, pos_table=None, logits_bias=None)).encode())
+    elif isinstance(x, np.ndarray):
+        h.update(repr((x.dtype.str, x.shape)).encode() + np.ascontiguousarray(x).tobytes())
+    elif isinstance(x, (tuple, list)):
+        h.update(f"{type(x).__name__}{len(x)}(".encode())
+        for v in x:
+            digest(v, h)
+        h.update(b")")
+    elif isinstance(x, dict):
+        h.update(f"dict{len(x)}(".encode())
+        for k in sorted(x, key=repr):
+            digest(k, h)
+            digest(x[k], h)
+        h.update(b")")
+    else:
+        h.update(repr(x).encode())
+
+
 def _keyable(x: Any) -> bool:
-    """Whether verdicts._digest reads all of `x` (a dict or an object would be digested by its
-    repr, which numpy shortens): only such arguments are kept."""
+    """Whether `digest` reads all of `x` (another object is digested by its repr, which may
+    leave things out): only such arguments are kept."""
     if isinstance(x, (oracle.Params, np.ndarray, np.generic, int, float, str, bytes)) or x is None:
         return True
+    if isinstance(x, dict):
+        return all(isinstance(k, (str, int)) and _keyable(v) for k, v in x.items())
     return isinstance(x, (tuple, list)) and all(_keyable(v) for v in x)
 
 
-def file_for(key: tuple[Any, ...], args: tuple[Any, ...]) -> Path | None:
-    """The file that holds the derivation of `key` (verdicts.derived's key of `args`), where
-    bounds are kept; None where they are not, or the arguments are not all keyable."""
+def code_digest(fn: Callable[..., Any]) -> str:
+    """A digest of the file that defines `fn` (a law's helper changes with its module, which
+    the oracle's digest does not cover), computed once per module."""
+    name = getattr(fn, "__module__", None) or "?"
+    with _LOCK:
+        if name not in _CODE_DIGESTS:
+            module = sys.modules.get(name)
+            try:
+                text = Path(module.__file__).read_bytes()  # type: ignore[union-attr,arg-type]
+            except (AttributeError, TypeError, OSError):
+                text = b"?"
+            _CODE_DIGESTS[name] = hashlib.sha256(text).hexdigest()
+        return _CODE_DIGESTS[name]
+
+
+def file_for(key: tuple[Any, ...], args: tuple[Any, ...], fn: Callable[..., Any]) -> Path | None:
+    """The file that holds the derivation of `key` (verdicts.derived's key of fn and `args`),
+    where bounds are kept; None where they are not, or the arguments are not all keyable. The
+    name holds the oracle's digest and that of fn's module."""
     where = folder()
     if where is None or not all(_keyable(a) for a in args):
         return None
-    name = hashlib.sha256(repr((key, oracle_digest())).encode()).hexdigest()[:40]
-    return where / f"{name}.npz"
+    name = hashlib.sha256(repr((key, oracle_digest(), code_digest(fn))).encode()).hexdigest()
+    return where / f"{name[:40]}.npz"
+
+
+def remembered(fn: Callable[..., Any], *args: Any) -> Any:
+    """fn(*args), looked up and kept where bounds are kept (fn a pure function of the parent's
+    inputs whose value is plain data: the oracle's searches); outside `kept()` just fn(*args)."""
+    h = hashlib.sha256()
+    digest(args, h)
+    path = file_for((fn.__module__, fn.__qualname__, h.digest()), args, fn)
+    if path is not None and (found := load(path)) is not None:
+        return found
+    value = fn(*args)
+    if path is not None:
+        save(path, value)
+    return value
 
 
 def _tree(value: Any, arrays: list[np.ndarray]) -> Any:
@@ -114,6 +177,8 @@ def _tree(value: Any, arrays: list[np.ndarray]) -> Any:
         return {"k": type(value).__name__, "v": [_tree(v, arrays) for v in value]}
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {"k": "dict", "v": [[k, _tree(v, arrays)] for k, v in value.items()]}
+    if isinstance(value, dict) and all(type(k) is int for k in value):
+        return {"k": "idict", "v": [[k, _tree(v, arrays)] for k, v in value.items()]}
     raise _NotPlain(type(value).__name__)
 
 
@@ -130,7 +195,7 @@ def _untree(node: Any, arrays: Any) -> Any:
     if kind in ("tuple", "list"):
         items = [_untree(v, arrays) for v in node["v"]]
         return tuple(items) if kind == "tuple" else items
-    if kind == "dict":
+    if kind in ("dict", "idict"):
         return {k: _untree(v, arrays) for k, v in node["v"]}
     raise ValueError(f"unknown node {kind!r}")
 

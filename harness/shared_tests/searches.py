@@ -12,8 +12,10 @@ from typing import Any
 import numpy as np
 
 import oracle
+from harness.shared_tests import bounds_store
 from harness.shared_tests.inputs import BOS, EOS, PAD, tokens
 from harness.shared_tests.verdicts import derived
+from oracle.decoding import Hypothesis
 
 # The decoding tests' expectations depend only on the parent's weights, which follow the
 # contract's names and so are the same for every subject: the oracle's searches are computed once
@@ -46,22 +48,34 @@ def search_gap(params: Any, key: bytes, row: np.ndarray, *args: Any) -> float:
 def _search(params: Any, key: bytes, row: np.ndarray, *args: Any) -> tuple[list, float]:
     cache_key = (key, row.tobytes(), *args)
     if cache_key not in _SEARCHES:
-        mask = (row != PAD)[None]
-        memory = oracle.encode(params, row[None], mask)
-        gaps: list[float] = []
-        bos, eos, max_len, beam_size, length_penalty = args
-        finished = oracle.beam_search(
-            params, memory, mask, bos, eos, max_len, beam_size, length_penalty, gaps=gaps
-        )
-        _SEARCHES[cache_key] = (finished, min(gaps, default=math.inf))
+        found, gap = bounds_store.remembered(_searched, params, row, *args)
+        _SEARCHES[cache_key] = ([Hypothesis(*h) for h in found], gap)
     return _SEARCHES[cache_key]
+
+
+def _searched(params: Any, row: np.ndarray, *args: Any) -> tuple[list[tuple], float]:
+    """The pinned search of one row as plain data (what a self-check keeps on disk:
+    harness.shared_tests.bounds_store): each finished hypothesis's fields, and the smallest gap."""
+    mask = (row != PAD)[None]
+    memory = oracle.encode(params, row[None], mask)
+    gaps: list[float] = []
+    bos, eos, max_len, beam_size, length_penalty = args
+    finished = oracle.beam_search(
+        params, memory, mask, bos, eos, max_len, beam_size, length_penalty, gaps=gaps
+    )
+    return [(h.tokens, h.logp, h.score) for h in finished], min(gaps, default=math.inf)
 
 
 def greedy(params: Any, src: np.ndarray, eos: int | None, max_len: int) -> tuple[list, list]:
     """The oracle's greedy decoding of each row by full decoder passes over its whole prefix (no
     cache), and each row's smallest argmax margin over its steps. The rows go through together:
     a row's logits are the same whichever rows share its batch (each row's attention reads its
-    own keys only), and a finished row's later steps are left unread."""
+    own keys only), and a finished row's later steps are left unread. Kept between self-checks
+    (harness.shared_tests.bounds_store)."""
+    return bounds_store.remembered(_greedy, params, src, eos, max_len)
+
+
+def _greedy(params: Any, src: np.ndarray, eos: int | None, max_len: int) -> tuple[list, list]:
     mask = src != PAD
     memory = oracle.encode(params, src, mask)
     ys = np.full((len(src), 1), BOS)
@@ -158,19 +172,23 @@ def _chosen_rows(params: Any, cfg: dict, eos: int, max_len: int, why: str) -> li
     holds for the oracle's search with these weights."""
     key = (why, eos, max_len, params_key(params))
     if key not in _CHOSEN_ROWS:
-        seed, tries, decides = DECIDES[why]
-        rng = np.random.default_rng(seed)
-        chosen: list[np.ndarray] = []
-        for _ in range(tries):
-            row = tokens(rng, cfg["src_vocab"], (int(rng.integers(2, 6)),))
-            mask = np.ones((1, len(row)), bool)
-            memory = oracle.encode(params, row[None], mask)
-            if decides(params, memory, mask, eos, max_len):
-                chosen.append(row)
-                if len(chosen) == 2:
-                    break
-        _CHOSEN_ROWS[key] = chosen
+        _CHOSEN_ROWS[key] = bounds_store.remembered(_choose_rows, params, cfg, eos, max_len, why)
     return _CHOSEN_ROWS[key]
+
+
+def _choose_rows(params: Any, cfg: dict, eos: int, max_len: int, why: str) -> list[np.ndarray]:
+    seed, tries, decides = DECIDES[why]
+    rng = np.random.default_rng(seed)
+    chosen: list[np.ndarray] = []
+    for _ in range(tries):
+        row = tokens(rng, cfg["src_vocab"], (int(rng.integers(2, 6)),))
+        mask = np.ones((1, len(row)), bool)
+        memory = oracle.encode(params, row[None], mask)
+        if decides(params, memory, mask, eos, max_len):
+            chosen.append(row)
+            if len(chosen) == 2:
+                break
+    return chosen
 
 
 def _best(finished: list, penalty: float) -> tuple[tuple, bool]:
@@ -289,21 +307,27 @@ def formula_cases(
     order = list(dict.fromkeys([*preferred, *range(EOS + 1, cfg["tgt_vocab"])]))
     key = (max_len, tuple(order), params_key(params))
     if key not in _FORMULA_CASES:
-        seed, tries = FORMULA_ROWS
-        rng = np.random.default_rng(seed)
-        rows = [tokens(rng, cfg["src_vocab"], (int(rng.integers(2, 6)),)) for _ in range(tries)]
-        masks = [np.ones((1, len(row)), bool) for row in rows]
-        memories = [oracle.encode(params, row[None], m) for row, m in zip(rows, masks, strict=True)]
-        left = set(FORMULA_VARIANTS)
-        cases: dict[int, list[np.ndarray]] = {}
-        for eos in order:
-            for row, memory, mask in zip(rows, memories, masks, strict=True):
-                if found := _variants_decided(params, memory, mask, eos, max_len) & left:
-                    cases.setdefault(eos, []).append(row)
-                    left -= found
-                if not left:
-                    break
+        _FORMULA_CASES[key] = bounds_store.remembered(_formula_cases, params, cfg, max_len, order)
+    return _FORMULA_CASES[key]
+
+
+def _formula_cases(
+    params: Any, cfg: dict, max_len: int, order: list[int]
+) -> dict[int, list[np.ndarray]]:
+    seed, tries = FORMULA_ROWS
+    rng = np.random.default_rng(seed)
+    rows = [tokens(rng, cfg["src_vocab"], (int(rng.integers(2, 6)),)) for _ in range(tries)]
+    masks = [np.ones((1, len(row)), bool) for row in rows]
+    memories = [oracle.encode(params, row[None], m) for row, m in zip(rows, masks, strict=True)]
+    left = set(FORMULA_VARIANTS)
+    cases: dict[int, list[np.ndarray]] = {}
+    for eos in order:
+        for row, memory, mask in zip(rows, memories, masks, strict=True):
+            if found := _variants_decided(params, memory, mask, eos, max_len) & left:
+                cases.setdefault(eos, []).append(row)
+                left -= found
             if not left:
                 break
-        _FORMULA_CASES[key] = cases
-    return _FORMULA_CASES[key]
+        if not left:
+            break
+    return cases

@@ -32,24 +32,6 @@ _BOUNDS_LOCK = threading.Lock()
 _BOUNDS_KEPT = 64  # the cache's size: every subject of a matrix shares the run's draws
 
 
-def _digest(x: Any, h: Any) -> None:
-    if isinstance(x, oracle.Params):
-        h.update(repr((x.scheme, x.spec.norm, x.spec.tie, x.spec.d_model)).encode())
-        for name in sorted(x.arrays):
-            _digest(name, h)
-            _digest(x.arrays[name], h)
-        for extra in (x.spec.pos_table, x.spec.logits_bias):
-            _digest(extra, h)
-        h.update(repr(dataclasses.replace(x.spec, pos_table=None, logits_bias=None)).encode())
-    elif isinstance(x, np.ndarray):
-        h.update(repr((x.dtype.str, x.shape)).encode() + np.ascontiguousarray(x).tobytes())
-    elif isinstance(x, (tuple, list)):
-        for v in x:
-            _digest(v, h)
-    else:
-        h.update(repr(x).encode())
-
-
 def check_dtype(dtype: Any) -> None:
     """The dtype a subject says it computed in is the run's to choose, not the subject's (a
     wider dtype would widen its bounds): float64 or float32 (the float32 fallback of a model
@@ -81,7 +63,7 @@ def derived(
     else:
         check_dtype(dtype)
     h = hashlib.sha256()
-    _digest(args, h)
+    bounds_store.digest(args, h)
     key = (fn.__module__, fn.__qualname__, dtype, rows, h.digest())
     with _BOUNDS_LOCK:  # one computation per key: a second thread waits for the first's
         future, mine = _BOUNDS.get(key), False
@@ -92,7 +74,7 @@ def derived(
             mine = True
     if mine:
         try:
-            path = bounds_store.file_for(key, args)
+            path = bounds_store.file_for(key, args, fn)
             result = None if path is None else bounds_store.load(path)
             if result is None:
                 result = oracle.bounded(fn, *args, dtype=dtype, rows=rows)

@@ -35,12 +35,12 @@ from pathlib import Path
 from harness import canary
 from harness.records import Grade
 from harness.shared_tests.inputs import draw_secret, set_draw_secret
-from harness.shared_tests.laws import SHARED_TESTS
 
 READY, PREPARING, CLAIMED = "ready-", "preparing-", "claimed-"
 DRAW_FILE = "draw.json"
 SEED_VARIABLE = "XFMR_DRAW_SEED"  # a fixed secret (to reproduce a run): nothing is claimed
-MODULE = "harness.students.draws_ahead"  # the preparation's command line names it
+# how `xfmr check` is told to prepare a draw (a hidden option): the preparation's command line
+PREPARE_FLAG = "--prepare-next-draw"
 SWITCH = "XFMR_CHECK_AHEAD"  # 0: no check prepares the next one's draws (the test suite's)
 
 
@@ -61,10 +61,10 @@ def _alive(pid: int) -> bool:
 
 def _preparing(pid: int) -> bool:
     """Whether `pid` is a preparation still running: a process of that id whose command line
-    runs this module (an id the system has since given another process is not one: it is never
+    holds PREPARE_FLAG (an id the system has since given another process is not one: it is never
     signalled)."""
     try:
-        return MODULE.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return PREPARE_FLAG.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
 
@@ -144,7 +144,7 @@ def prepare_next(root: Path) -> bool:
         if any(root.glob(f"{READY}*")) or any(root.glob(f"{PREPARING}*")):
             return False
         subprocess.Popen(
-            [sys.executable, "-m", MODULE, str(root)],
+            [sys.executable, "-m", "harness.cli", "check", PREPARE_FLAG, str(root)],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -181,19 +181,13 @@ def prepare(root: Path, check: Callable[[Path, Path], Grade]) -> Path | None:
     return ready
 
 
-def main(argv: list[str]) -> int:
-    # imported here: the self-check imports this module, and this entry point runs its check
-    from harness.students.selfcheck import graded
-
-    root = Path(argv[0])
+def run_prepared(root: Path, check: Callable[[Path, Path], Grade]) -> int:
+    """The detached preparation (`xfmr check --prepare-next-draw ROOT`): 0 when a draw was made
+    ready, 1 when none was (what it left is removed)."""
     try:
-        made = prepare(root, lambda model, bounds: graded(model, SHARED_TESTS, None, bounds))
+        made = prepare(root, check)
     except Exception:  # nothing is ready then: the next check derives its own bounds
         made = None
     for busy in root.glob(f"{PREPARING}{os.getpid()}-*"):
         shutil.rmtree(busy, ignore_errors=True)
     return 0 if made is not None else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -310,6 +310,8 @@ def configure_check(parser: argparse.ArgumentParser) -> None:
         "diagnosis, and pictures of a mask or value fault (no script, no network)",
     )
     parser.add_argument("--suite-json", metavar="FILE", help="the suite's score as JSON")
+    # the detached preparation of the next check's draws (harness.students.draws_ahead)
+    parser.add_argument(draws_ahead.PREPARE_FLAG, metavar="DIR", help=argparse.SUPPRESS)
     parser.add_argument(
         "--jobs", type=positive(int), default=None, help="subjects at once for --suite (CPUs)"
     )
@@ -359,6 +361,11 @@ def _selected(names: str | None) -> list[Test] | str:
 
 
 def run_check(args: argparse.Namespace) -> int:
+    if args.prepare_next_draw:
+        return draws_ahead.run_prepared(
+            Path(args.prepare_next_draw),
+            lambda model, bounds: graded(model, SHARED_TESTS, None, bounds),
+        )
     if not args.submission and not args.suite:
         return usage_error("check", "name your transformer.py, or --suite DIR, or both")
     if args.html and not args.submission:

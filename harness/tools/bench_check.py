@@ -26,10 +26,10 @@ from pathlib import Path
 
 from harness.isolation import warm
 from harness.isolation.forkserver import worker_environment
-from harness.students import draws_ahead
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_WAIT = 120.0  # seconds the bench waits for the next check's draws
+READY = "ready-"  # a prepared draw's folder (harness.students.draws_ahead.READY)
 
 
 def timed(file: str, env: dict[str, str]) -> float:
@@ -46,7 +46,7 @@ def timed(file: str, env: dict[str, str]) -> float:
 def ready_after(draws: Path) -> float:
     """Seconds until a draw is ready under `draws` (the preparation the last check started)."""
     start = time.monotonic()
-    while not any(draws.glob(f"{draws_ahead.READY}*")):
+    while not any(draws.glob(f"{READY}*")):
         if time.monotonic() - start > READY_WAIT:
             raise SystemExit(f"no draw was ready within {READY_WAIT:g} s")
         time.sleep(0.1)
@@ -64,7 +64,7 @@ def series(file: str, runs: int, kind: str) -> tuple[list[float], list[float]]:
         "XFMR_CHECK_WARM": "0" if kind == "cold" else "1",
         "XFMR_CHECK_AHEAD": "1" if kind == "warm + ahead" else "0",
     }
-    env.pop(draws_ahead.SEED_VARIABLE, None)
+    env.pop("XFMR_DRAW_SEED", None)  # a fixed secret takes no prepared draw
     times, waits = [], []
     try:
         for _ in range(runs):

@@ -37,6 +37,8 @@ def test_values_come_back_with_their_structure_and_types(tmp_path):
         (np.float64(0.25), np.arange(6.0).reshape(2, 3)),
         [1.5, 3, True, None, "x", np.int64(4), np.float32(2.5)],
         {"w": np.ones((2, 2), dtype=np.float32), "b": (np.zeros(0),)},
+        {3: [np.arange(3)], 5: []},  # the beam test's rows by eos
+        ([((4, 2), -1.5, None)], float("inf")),  # a search: hypotheses' fields, its gap
     )
     path = tmp_path / "v.npz"
     bounds_store.save(path, value)
@@ -46,7 +48,7 @@ def test_values_come_back_with_their_structure_and_types(tmp_path):
 def test_what_cannot_be_kept_is_not_written(tmp_path):
     path = tmp_path / "v.npz"
     bounds_store.save(path, (np.ones(2), object()))
-    bounds_store.save(tmp_path / "w.npz", {1: np.ones(2)})  # a key that is not a string
+    bounds_store.save(tmp_path / "w.npz", {(1, 2): np.ones(2)})  # a key neither str nor int
     bounds_store.save(tmp_path / "s.npz", np.array(["a"]))  # not a number
     assert list(tmp_path.iterdir()) == []
 
@@ -64,9 +66,11 @@ def test_a_file_that_cannot_be_read_is_none(tmp_path, damage):
 
 def test_only_arguments_digested_whole_are_keyed(tmp_path):
     with bounds_store.kept(tmp_path):
-        assert bounds_store.file_for(("k",), (np.ones(2), 1.0, [np.zeros(1)], None)) is not None
-        assert bounds_store.file_for(("k",), ({"a": np.ones(2)},)) is None  # digested by repr
-    assert bounds_store.file_for(("k",), (np.ones(2),)) is None  # outside kept(): nowhere
+        keyed = (np.ones(2), 1.0, [np.zeros(1)], None, {"a": np.ones(2), 3: (1, 2.0)})
+        assert bounds_store.file_for(("k",), keyed, same) is not None
+        assert bounds_store.file_for(("k",), (object(),), same) is None  # digested by repr
+        assert bounds_store.file_for(("k",), ({(1, 2): 3},), same) is None  # a tuple as a key
+    assert bounds_store.file_for(("k",), (np.ones(2),), same) is None  # outside kept(): nowhere
 
 
 def test_derived_is_read_back_from_disk_in_a_later_process(tmp_path, monkeypatch):
@@ -93,3 +97,19 @@ def test_derived_is_read_back_from_disk_in_a_later_process(tmp_path, monkeypatch
         with bounds_store.kept(tmp_path):
             derived(oracle.forward, *args, dtype="float64", rows=True)
     verdicts._BOUNDS.clear()
+
+
+def test_remembered_is_read_back_within_kept_and_only_computed_outside(tmp_path):
+    calls: list[int] = []
+
+    def doubled(x: np.ndarray, times: int) -> dict[str, np.ndarray]:
+        calls.append(times)
+        return {"a": x * times}
+
+    with bounds_store.kept(tmp_path):
+        first = bounds_store.remembered(doubled, np.ones(2), 2)
+        again = bounds_store.remembered(doubled, np.ones(2), 2)
+        other = bounds_store.remembered(doubled, np.ones(2), 3)  # other arguments, other file
+    assert calls == [2, 3] and same(first, again) and other["a"].tolist() == [3.0, 3.0]
+    bounds_store.remembered(doubled, np.ones(2), 2)  # outside kept(): computed, nothing read
+    assert calls == [2, 3, 2] and len(list(tmp_path.glob("*.npz"))) == 2

@@ -87,7 +87,7 @@ def test_what_dead_processes_left_is_swept_and_only_a_preparation_is_stopped(tmp
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     sleep = "import time; time.sleep(60)"
-    preparation = subprocess.Popen([sys.executable, "-c", sleep, draws_ahead.MODULE])
+    preparation = subprocess.Popen([sys.executable, "-c", sleep, draws_ahead.PREPARE_FLAG])
     bystander = subprocess.Popen([sys.executable, "-c", sleep])  # an id reused by another
     try:
         for prefix in (draws_ahead.PREPARING, draws_ahead.CLAIMED):
