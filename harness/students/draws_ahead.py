@@ -86,12 +86,15 @@ def _sweep(root: Path) -> None:
 
 
 def stop_preparing(root: Path) -> None:
-    """Stop a preparation that is still running (it is started again after this check)."""
+    """Stop a preparation that is still running (it is started again after this check). SIGKILL:
+    a preparation has nothing to save (its folder becomes ready by one rename, or is swept), and
+    unlike SIGTERM it cannot be ignored or blocked by what the student's shell or a CI runner
+    passed down to the process."""
     for busy in root.glob(f"{PREPARING}*"):
         pid = _pid_of(busy, PREPARING)
         if pid is not None and pid != os.getpid() and _preparing(pid):
             with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
+                os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -168,7 +171,9 @@ def prepare(root: Path, check: Callable[[Path, Path], Grade]) -> Path | None:
         shutil.rmtree(busy, ignore_errors=True)
         return None
     set_draw_secret(secret)
-    with tempfile.TemporaryDirectory(prefix="xfmr-ahead-") as folder:
+    # the model in a private (0700) folder inside the preparation's own, so that a preparation
+    # stopped half-way leaves it nowhere but where the next sweep removes it
+    with tempfile.TemporaryDirectory(prefix="model-", dir=busy) as folder:
         model = Path(folder) / "transformer.py"
         model.write_bytes(text)
         g = check(model, busy)

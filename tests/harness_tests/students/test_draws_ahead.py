@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -34,6 +35,8 @@ def fake_check(passed: bool, seen: list):
     def check(model: Path, bounds: Path) -> Grade:
         # what a check keeps: a bound file in the folder it was given, under the secret drawn
         seen.append((model.read_text(), draw_secret(), bounds_store.folder()))
+        # the model sits in a private folder inside the preparation's own (swept with it)
+        assert model.parent.parent == bounds and model.parent.stat().st_mode & 0o077 == 0
         bounds_store.save(bounds / "kept.npz", (np.ones(2), 1.0))
         return Graded(passed)  # type: ignore[return-value]
 
@@ -55,6 +58,7 @@ def test_a_ready_draw_is_claimed_once_and_sets_the_secret(tmp_path, monkeypatch,
     secret = json.loads((ready / draws_ahead.DRAW_FILE).read_text())["secret"]
     ((model, drawn, _),) = seen
     assert drawn == secret and "class Transformer" in model  # the known-correct model
+    assert [p.name for p in ready.iterdir() if p.is_dir()] == []  # and is gone once ready
     before = draw_secret()
     with draws_ahead.claimed(root, store) as got:
         assert got and draw_secret() == secret
@@ -87,7 +91,10 @@ def test_what_dead_processes_left_is_swept_and_only_a_preparation_is_stopped(tmp
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     sleep = "import time; time.sleep(60)"
-    preparation = subprocess.Popen([sys.executable, "-c", sleep, draws_ahead.PREPARE_FLAG])
+    # a preparation that ignores SIGTERM, as any child does where a CI runner or a shell's
+    # `trap '' TERM` left it ignored
+    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+    preparation = subprocess.Popen([sys.executable, "-c", deaf, draws_ahead.PREPARE_FLAG])
     bystander = subprocess.Popen([sys.executable, "-c", sleep])  # an id reused by another
     try:
         for prefix in (draws_ahead.PREPARING, draws_ahead.CLAIMED):
@@ -96,9 +103,12 @@ def test_what_dead_processes_left_is_swept_and_only_a_preparation_is_stopped(tmp
         (root / f"{draws_ahead.PREPARING}{bystander.pid}-0002").mkdir()
         live_claim = root / f"{draws_ahead.CLAIMED}{os.getpid()}-0003"
         live_claim.mkdir()
+        assert draws_ahead._preparing(preparation.pid)  # /proc shows it as one
+        assert not draws_ahead._preparing(bystander.pid)
         with draws_ahead.claimed(root, tmp_path / "bounds") as got:
             assert not got
-        assert preparation.wait(timeout=30) == -15  # stopped: the check needs the CPU
+        # stopped, even where SIGTERM is ignored: the check needs the CPU
+        assert preparation.wait(timeout=30) == -signal.SIGKILL
         assert bystander.poll() is None  # never signalled
         left = sorted(p.name for p in root.iterdir())
         # the stopped preparation's folder goes at the next sweep; the live claim stays
