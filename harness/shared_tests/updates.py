@@ -92,23 +92,35 @@ def _openblas() -> tuple[Any, Any] | None:
 
 
 _BLAS = _openblas()
+# OpenBLAS's thread count is the process's: the threads inside one_blas_thread at once (learning
+# runs judged side by side, one replay thread each) share one setting, saved by the first to enter
+# and given back by the last to leave ([threads inside, the count before])
+_BLAS_HELD: list[int] = [0, 0]
+_BLAS_LOCK = threading.Lock()
 
 
 @contextmanager
 def one_blas_thread() -> Iterator[None]:
     """numpy's BLAS on one thread while the oracle checks a gradient: its matrices here are 32 to
     128 wide, where OpenBLAS's threads only wait on each other (measured on a loaded 2-core
-    machine: 270 ms per check with its default threads, 17 ms on one)."""
+    machine: 270 ms per check with its default threads, 17 ms on one). Safe across threads: the
+    count before the first of them entered is restored when the last leaves."""
     if _BLAS is None:
         yield
         return
     set_n, get_n = _BLAS
-    before = int(get_n())
-    set_n(1)
+    with _BLAS_LOCK:
+        if _BLAS_HELD[0] == 0:
+            _BLAS_HELD[1] = int(get_n())
+            set_n(1)
+        _BLAS_HELD[0] += 1
     try:
         yield
     finally:
-        set_n(before)
+        with _BLAS_LOCK:
+            _BLAS_HELD[0] -= 1
+            if _BLAS_HELD[0] == 0:
+                set_n(_BLAS_HELD[1])
 
 
 class NotTheLossGradient(Failure):

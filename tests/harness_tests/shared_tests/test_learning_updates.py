@@ -236,3 +236,37 @@ def test_groups_are_the_pairs_whose_weights_and_gradients_are_equal():
     assert got == {k: pairwise(k) for k in sorted(w)}
     assert got["a"] == ["a"] and got["c"] == ["c", "d"] and got["z0"] == ["z0", "z1"]
     assert got["n"] == []
+
+
+def test_one_blas_thread_gives_the_count_back_when_threads_overlap(monkeypatch):
+    """Two replays check gradients at once (learning runs judged side by side): the first to
+    enter saves the count, the last to leave restores it, so BLAS never stays on one thread (it
+    did when each restored what it had read: the second read the first's 1)."""
+    import threading
+
+    count = [8]
+    set_n = lambda n: count.__setitem__(0, n)  # noqa: E731
+    monkeypatch.setattr(updates, "_BLAS", (set_n, lambda: count[0]))
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: list[int] = []
+
+    def first() -> None:
+        with updates.one_blas_thread():
+            first_in.set()
+            second_in.wait(5)
+            seen.append(count[0])
+        first_out.set()
+
+    def second() -> None:
+        first_in.wait(5)
+        with updates.one_blas_thread():
+            second_in.set()
+            first_out.wait(5)
+            seen.append(count[0])  # the first has left: still one thread while this one is in
+
+    threads = [threading.Thread(target=f) for f in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert seen == [1, 1] and count[0] == 8
