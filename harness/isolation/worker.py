@@ -117,6 +117,26 @@ class WorkerTimeout(Exception):
 
 # How a subject's NotImplementedError reads in a cell: an unwritten definition of a stub.
 NOT_IMPLEMENTED = "not implemented: "
+# torch's NotImplementedError for a module with no method named forward (nn.Module's
+# placeholder): a forward misspelt or indented outside its class, said as such
+_NO_FORWARD = re.compile(r'Module \[(\w+)\] is missing the required "forward" function')
+
+
+def _not_implemented(error: dict[str, Any]) -> str | None:
+    """A NotImplementedError as a student reads it: a stub's unwritten definition by its name,
+    or a module without forward by its class; None for one raised inside torch (said whole)."""
+    message, where = str(error.get("message", "")), str(error.get("where", ""))
+    missing = _NO_FORWARD.search(message)
+    if missing:
+        owner = missing.group(1)
+        return (
+            f"{owner} has no method named forward (torch: {message}): nn.Module calls forward, "
+            f"so check its spelling and that it is indented inside class {owner}"
+        )
+    if "/torch/" in where.partition(":")[0]:  # torch's own: its message and place tell more
+        return None
+    name = message or where.rpartition(" in ")[2]
+    return f"{NOT_IMPLEMENTED}{name or 'a definition of the contract'}"
 
 
 class SubjectRaised(Exception):
@@ -127,9 +147,8 @@ class SubjectRaised(Exception):
         self.error = error
         where = f" at {error['where']}" if error.get("where") else ""
         said = f"{probe}: the subject raised {error['type']}: {error['message']}{where}"
-        if error["type"] == "NotImplementedError":  # a stub (`xfmr start`): its name, said plainly
-            name = error["message"] or str(error.get("where", "")).rpartition(" in ")[2]
-            said = f"{NOT_IMPLEMENTED}{name or 'a definition of the contract'}"
+        if error["type"] == "NotImplementedError":  # a stub (`xfmr start`) or a missing forward
+            said = _not_implemented(error) or said
         super().__init__(printable(said))
 
 
