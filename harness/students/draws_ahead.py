@@ -10,7 +10,10 @@ bounds_store's files): the bounds a correct submission's check will ask for; the
 folder ready (never where the known-correct model did not pass). The next
 check claims a ready folder (`claimed`: a rename, so two checks never share one), runs on its secret
 with those bounds found on disk, and deletes it. A preparation still running when a check starts is
-stopped: it would only compete with the check for the CPU.
+stopped: it would only compete with the check for the CPU. A preparation is known to be running
+by the lock it holds on a file in its folder for as long as it lives (`_running`), never by its
+process id alone: an id can be reused, and where /proc belongs to another pid namespace (some
+containers) no command line can be read by id either.
 
 Nothing of this decides a verdict: the draws are the same function of the secret, and the bounds the
 same function of the draws, wherever they were computed; a folder that cannot be read is ignored and
@@ -21,6 +24,7 @@ one: a self-check judges the student's own code, for the student.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import secrets
@@ -42,6 +46,8 @@ SEED_VARIABLE = "XFMR_DRAW_SEED"  # a fixed secret (to reproduce a run): nothing
 # how `xfmr check` is told to prepare a draw (a hidden option): the preparation's command line
 PREPARE_FLAG = "--prepare-next-draw"
 SWITCH = "XFMR_CHECK_AHEAD"  # 0: no check prepares the next one's draws (the test suite's)
+LOCK_FILE = "running.lock"  # in a preparation's folder: locked for as long as the process lives
+STARTING = ".starting-"  # a preparation's folder before it holds its lock (then renamed)
 
 
 def wanted() -> bool:
@@ -59,14 +65,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _preparing(pid: int) -> bool:
-    """Whether `pid` is a preparation still running: a process of that id whose command line
-    holds PREPARE_FLAG (an id the system has since given another process is not one: it is never
-    signalled)."""
+def _running(folder: Path) -> bool:
+    """Whether the preparation of `folder` still runs: something holds the lock of its LOCK_FILE
+    (the preparation itself: it takes the lock before the folder gets its name, and every process
+    it starts gets fresh descriptors). A lock dies with its process, so an id the system has since
+    given another process never reads as running."""
     try:
-        return PREPARE_FLAG.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+        fd = os.open(folder / LOCK_FILE, os.O_RDONLY)
     except OSError:
         return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)  # and with it the lock, where this process got it
+    return False
 
 
 def _pid_of(folder: Path, prefix: str) -> int | None:
@@ -77,12 +93,16 @@ def _pid_of(folder: Path, prefix: str) -> int | None:
 
 
 def _sweep(root: Path) -> None:
-    """Remove what dead processes left: a preparation or a claim whose process is gone."""
-    for prefix, running in ((PREPARING, _preparing), (CLAIMED, _alive)):
+    """Remove what dead processes left: a preparation whose lock nobody holds, a claim whose
+    process is gone."""
+    for prefix in (PREPARING, STARTING):
         for left in root.glob(f"{prefix}*"):
-            pid = _pid_of(left, prefix)
-            if pid is None or not running(pid):
+            if not _running(left):
                 shutil.rmtree(left, ignore_errors=True)
+    for left in root.glob(f"{CLAIMED}*"):
+        pid = _pid_of(left, CLAIMED)
+        if pid is None or not _alive(pid):
+            shutil.rmtree(left, ignore_errors=True)
 
 
 def stop_preparing(root: Path) -> None:
@@ -92,7 +112,7 @@ def stop_preparing(root: Path) -> None:
     passed down to the process."""
     for busy in root.glob(f"{PREPARING}*"):
         pid = _pid_of(busy, PREPARING)
-        if pid is not None and pid != os.getpid() and _preparing(pid):
+        if pid is not None and pid != os.getpid() and _running(busy):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
 
@@ -164,8 +184,19 @@ def prepare(root: Path, check: Callable[[Path, Path], Grade]) -> Path | None:
     mark the folder ready (a rename: a folder is ready whole or not at all). The ready folder;
     None where the known-correct model is not there or did not pass."""
     secret = secrets.randbits(63)
-    busy = root / f"{PREPARING}{os.getpid()}-{secret:016x}"
-    busy.mkdir(parents=True)
+    root.mkdir(parents=True, exist_ok=True)
+    starting = Path(tempfile.mkdtemp(prefix=STARTING, dir=root))
+    # the lock first, then the folder's name: a check never sees a preparation without its lock
+    with open(starting / LOCK_FILE, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        busy = root / f"{PREPARING}{os.getpid()}-{secret:016x}"
+        os.rename(starting, busy)
+        return _prepared(root, busy, secret, check)
+
+
+def _prepared(
+    root: Path, busy: Path, secret: int, check: Callable[[Path, Path], Grade]
+) -> Path | None:
     text = canary.subject_text()
     if text is None:
         shutil.rmtree(busy, ignore_errors=True)

@@ -86,38 +86,67 @@ def test_a_fixed_secret_claims_nothing(tmp_path, monkeypatch, fixed_secret):
 
 
 def test_what_dead_processes_left_is_swept_and_only_a_preparation_is_stopped(tmp_path, monkeypatch):
+    """A preparation is known by the lock it holds on its folder's LOCK_FILE, never by its id
+    alone: a live one is stopped with SIGKILL (even one that ignores SIGTERM, as a child does
+    where a CI runner or a shell's `trap '' TERM` left it ignored); a folder whose lock nobody
+    holds is swept, and the process now bearing its id (a bystander) is never signalled."""
     monkeypatch.delenv(draws_ahead.SEED_VARIABLE, raising=False)
     root = tmp_path / "draws"
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    sleep = "import time; time.sleep(60)"
-    # a preparation that ignores SIGTERM, as any child does where a CI runner or a shell's
-    # `trap '' TERM` left it ignored
-    deaf = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
-    preparation = subprocess.Popen([sys.executable, "-c", deaf, draws_ahead.PREPARE_FLAG])
-    bystander = subprocess.Popen([sys.executable, "-c", sleep])  # an id reused by another
+    live = root / f"{draws_ahead.PREPARING}PID-0001"
+    holder = (
+        "import fcntl, signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); "
+        "time.sleep(60)"
+    )
+    live.mkdir(parents=True)
+    preparation = subprocess.Popen(
+        [sys.executable, "-c", holder, str(live / draws_ahead.LOCK_FILE)],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        assert preparation.stdout is not None and preparation.stdout.readline() == "held\n"
+        live = live.rename(root / f"{draws_ahead.PREPARING}{preparation.pid}-0001")
         for prefix in (draws_ahead.PREPARING, draws_ahead.CLAIMED):
             (root / f"{prefix}{dead.pid}-00ff").mkdir(parents=True)
-        (root / f"{draws_ahead.PREPARING}{preparation.pid}-0001").mkdir()
-        (root / f"{draws_ahead.PREPARING}{bystander.pid}-0002").mkdir()
+        # a dead preparation's folder, its lock file left behind, its id now the bystander's
+        reused = root / f"{draws_ahead.PREPARING}{bystander.pid}-0002"
+        reused.mkdir()
+        (reused / draws_ahead.LOCK_FILE).touch()
         live_claim = root / f"{draws_ahead.CLAIMED}{os.getpid()}-0003"
         live_claim.mkdir()
-        assert draws_ahead._preparing(preparation.pid)  # /proc shows it as one
-        assert not draws_ahead._preparing(bystander.pid)
+        assert draws_ahead._running(live) and not draws_ahead._running(reused)
         with draws_ahead.claimed(root, tmp_path / "bounds") as got:
             assert not got
-        # stopped, even where SIGTERM is ignored: the check needs the CPU
-        assert preparation.wait(timeout=30) == -signal.SIGKILL
+        assert preparation.wait(timeout=30) == -signal.SIGKILL  # the check needs the CPU
         assert bystander.poll() is None  # never signalled
         left = sorted(p.name for p in root.iterdir())
         # the stopped preparation's folder goes at the next sweep; the live claim stays
         assert live_claim.name in left and not any(str(dead.pid) in n for n in left)
         assert not any(str(bystander.pid) in n for n in left)
+        draws_ahead._sweep(root)
+        assert sorted(p.name for p in root.iterdir()) == [live_claim.name]
     finally:
         for p in (preparation, bystander):
             p.kill()
             p.wait()
+
+
+def test_a_preparation_holds_its_lock_while_it_runs_and_leaves_none(tmp_path, fixed_secret):
+    """While the check runs, the preparation's folder reads as running (its lock held by this
+    process); afterwards nothing holds it and no starting folder is left."""
+    root, seen = tmp_path / "draws", []
+
+    def check(model: Path, bounds: Path) -> Grade:
+        seen.append(draws_ahead._running(bounds))
+        return Graded(True)  # type: ignore[return-value]
+
+    ready = draws_ahead.prepare(root, check)
+    assert seen == [True] and ready is not None
+    assert not draws_ahead._running(ready)
+    assert [p.name for p in root.iterdir()] == [ready.name]
 
 
 @pytest.mark.slow
