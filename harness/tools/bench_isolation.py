@@ -3,7 +3,7 @@ costs, as the staff's command lines run it: `xfmr grade examples/correct_submiss
 and with `--unsafe-no-sandbox` (workers forked from a fork server), N rounds interleaved; then
 `xfmr mutation-score examples/student_tests_strong` both ways, M rounds. Each run's own figures
 (the grade's time and its workers' start-ups; the score's wall and start-up median and maximum)
-and the command's wall time, with the machine's load before and after; for each grade also the
+and the command's wall time, with the machine's load before and after; for each run also the
 CPU the whole machine spent meanwhile, busy and idle (/proc/stat: every process, the sandboxed
 workers included, whose time no rusage of the command's own reaches), which says whether a
 command waited or was short of cores. A benchmark, not a test: it prints figures and asserts
